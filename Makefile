@@ -1,0 +1,23 @@
+# The two commands a newcomer needs: `make up` (set up and serve) and `make test` (set up and pass the tests).
+VENV ?= .venv
+JANUS := $(VENV)/bin/janus
+
+.PHONY: setup up test test-fast bench lint clean
+
+setup:
+	@./scripts/setup.sh
+
+up: setup
+	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),)
+
+test: setup
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf .janus .pytest_cache

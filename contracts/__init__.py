@@ -1,0 +1,41 @@
+"""Pydantic contracts of every message on the bus and the subject names. No I/O; everything may import it."""
+from .base import SCHEMA_VERSION, ErrorCode, ErrorInfo, Message
+from .health import HealthReply
+from .lifecycle import (
+    ForkSource,
+    InstanceRole,
+    LifecycleAction,
+    LifecycleCommand,
+    LifecycleEvent,
+    LifecycleReply,
+    ModelState,
+    Pool,
+    WeightSegment,
+)
+from .oracle import (
+    CapacityItem,
+    CapacityPrediction,
+    CapacityQuery,
+    CapacityReply,
+    ElasticityItem,
+    ElasticityPrediction,
+    ElasticityQuery,
+    ElasticityReply,
+    NeedVector,
+)
+from .plans import BinAssignment, ElasticPlan, ElasticTarget, Move, PlanAction, SteadyPlan
+from .registry import InstanceRecord
+from .requests import CancelRequest, GenerateRequest, SamplingParams, SubmitAck
+from .stream import STREAM_EVENT, RequestDone, RequestFailed, StreamEvent, TokenChunk
+from .telemetry import LoadFeatures, ModelLoadWindow
+from .worker import (
+    DeviceInfo,
+    InstanceStatus,
+    KVTarget,
+    PageCounters,
+    PrefillDone,
+    RunAssignment,
+    WorkerHeartbeat,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,80 @@
+"""Plans as auditable events (JetStream stream PLANS): inputs, predictions, decisions, reasons, commands."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ErrorInfo, Message
+from .lifecycle import LifecycleAction
+from .oracle import CapacityPrediction, ElasticityPrediction, NeedVector
+from .telemetry import ModelLoadWindow
+
+
+class BinAssignment(Message):
+    """One steady-pool device and the models packed on it."""
+
+    worker_id: str
+    models: tuple[str, ...]
+    used: NeedVector
+
+
+class Move(Message):
+    model: str
+    from_worker_id: str | None
+    to_worker_id: str | None
+    reason: str
+
+
+class SteadyPlan(Message):
+    plan_id: str
+    created_unix_ms: float
+    trigger: Literal["periodic", "arrival", "departure", "consolidation", "startup"]
+    steady_models: tuple[str, ...]
+    elastic_models: tuple[str, ...] = Field(description="isolated to the elastic pool up front")
+    bins: tuple[BinAssignment, ...]
+    moves: tuple[Move, ...] = ()
+    loads: tuple[ModelLoadWindow, ...] = ()
+    predictions: tuple[CapacityPrediction, ...] = ()
+    reason: str = ""
+    decision_ms: float = Field(default=0.0, ge=0)
+    is_observe_only: bool = False
+
+
+class ElasticTarget(Message):
+    model: str
+    num_prefill: int = Field(ge=0)
+    num_decode: int = Field(ge=0)
+    desired_replicas: int = Field(ge=0, description="m* before the budget")
+    prediction: ElasticityPrediction | None = None
+    reason: str = ""
+
+
+class ElasticPlan(Message):
+    plan_id: str
+    created_unix_ms: float
+    budget_devices: int = Field(ge=0, description="what the steady pool leaves")
+    num_devices_used: int = Field(ge=0)
+    targets: tuple[ElasticTarget, ...]
+    is_scaled_down: bool = False
+    is_debounced: bool = Field(default=False, description="held: the last two plans disagreed")
+    loads: tuple[ModelLoadWindow, ...] = ()
+    reason: str = ""
+    decision_ms: float = Field(default=0.0, ge=0)
+    is_observe_only: bool = False
+
+
+class PlanAction(Message):
+    """The reconciler's record of a command it issued for a plan, and later its outcome."""
+
+    plan_id: str
+    command_id: str
+    worker_id: str
+    model: str
+    instance_id: str
+    action: LifecycleAction
+    status: Literal["issued", "succeeded", "failed", "retrying", "timed_out"]
+    attempt: int = Field(default=1, ge=1)
+    reason: str = ""
+    error: ErrorInfo | None = None
+    unix_ms: float

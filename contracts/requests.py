@@ -1,0 +1,67 @@
+"""A request's journey: gateway -> dispatcher (GenerateRequest), the dispatcher's acknowledgement, cancellation."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import ErrorInfo, Message
+
+MAX_STOP_STRINGS = 4
+
+
+class SamplingParams(Message):
+    """How to pick tokens. Defaults match the OpenAI API."""
+
+    max_tokens: int = Field(ge=1, description="tokens to generate at most")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0 means greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="0 means off")
+    seed: int | None = None
+    stop: tuple[str, ...] = Field(default=(), max_length=MAX_STOP_STRINGS)
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    @model_validator(mode="after")
+    def _no_empty_stop(self) -> "SamplingParams":
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        return self
+
+
+class GenerateRequest(Message):
+    """One generation request, tokenised at the gateway. All times are wall-clock Unix milliseconds: one clock for
+    every service (the public code mixed relative and absolute times, so it never rejected anything)."""
+
+    request_id: str = Field(min_length=1, max_length=128)
+    model: str = Field(min_length=1)
+    tenant: str = "default"
+    prompt_token_ids: tuple[int, ...] = Field(min_length=1)
+    sampling: SamplingParams
+    arrival_unix_ms: float = Field(description="a_j: when the gateway accepted the request")
+    ttft_deadline_unix_ms: float = Field(description="d_j = a_j + TTFT SLO")
+    tpot_slo_ms: float = Field(gt=0)
+    reply_subject: str = Field(min_length=1, description="where token chunks and the terminal event go")
+    attempt: int = Field(default=0, ge=0, description="re-dispatches after an instance died before the first token")
+    is_late: bool = Field(default=False, description="requeued with a relaxed deadline: never counted on time")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class SubmitAck(Message):
+    """The dispatcher's answer to a submission: queued, or refused with a typed error (nothing is silently dropped)."""
+
+    request_id: str
+    status: Literal["queued", "rejected"]
+    error: ErrorInfo | None = None
+    queue_depth: int = 0
+
+
+class CancelRequest(Message):
+    """The client went away or gave up: whoever holds the request stops work on it."""
+
+    request_id: str
+    reason: str = "client disconnected"

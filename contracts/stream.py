@@ -1,0 +1,42 @@
+"""What a worker sends to the gateway's reply subject: token chunks, then exactly one terminal event."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from .base import ErrorInfo, Message
+
+
+class TokenChunk(Message):
+    kind: Literal["tokens"] = "tokens"
+    request_id: str
+    seq: int = Field(ge=0, description="chunk number: the gateway drops duplicates and detects gaps")
+    token_ids: tuple[int, ...]
+    text: str = Field(description="the text these tokens add, detokenised incrementally")
+    logprobs: tuple[float, ...] | None = None
+    emitted_unix_ms: float
+
+
+class RequestDone(Message):
+    kind: Literal["done"] = "done"
+    request_id: str
+    seq: int = Field(ge=0)
+    finish_reason: Literal["stop", "length"]
+    num_prompt_tokens: int = Field(ge=0)
+    num_output_tokens: int = Field(ge=0)
+    first_token_unix_ms: float | None = None
+    worker_id: str = ""
+    instance_id: str = ""
+
+
+class RequestFailed(Message):
+    kind: Literal["error"] = "error"
+    request_id: str
+    seq: int = Field(ge=0)
+    error: ErrorInfo
+    num_output_tokens: int = Field(default=0, ge=0, description="tokens the client already got")
+
+
+StreamEvent = Annotated[Union[TokenChunk, RequestDone, RequestFailed], Field(discriminator="kind")]
+STREAM_EVENT = TypeAdapter(StreamEvent)

@@ -1,0 +1,32 @@
+"""Per-model load windows (dispatcher -> oracle, planners)."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Message
+
+
+class LoadFeatures(Message):
+    """What the oracle's GPs take as input (the paper's sliding-window features)."""
+
+    token_rate_tps: float = Field(ge=0, description="prompt + output tokens per second")
+    input_len_mean: float = Field(ge=0)
+    input_len_var: float = Field(ge=0)
+    output_len_mean: float = Field(ge=0)
+
+
+class ModelLoadWindow(Message):
+    """janus.telemetry.model.<model>, every 0.5 s over a sliding window."""
+
+    model: str
+    window_s: float = Field(gt=0)
+    end_unix_ms: float
+    num_requests: int = Field(ge=0)
+    request_rate_rps: float = Field(ge=0)
+    features: LoadFeatures
+    output_len_var: float = Field(default=0.0, ge=0)
+    ttft_attainment: float | None = Field(default=None, ge=0, le=1)
+    num_rejected: int = Field(default=0, ge=0)
+    num_late: int = Field(default=0, ge=0)
+    queue_depth: int = Field(default=0, ge=0)
+    dispatcher_id: str = ""

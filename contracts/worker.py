@@ -1,0 +1,92 @@
+"""Dispatcher -> worker assignments, worker -> dispatcher prefill completions, and the worker heartbeat."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Message
+from .lifecycle import InstanceRole, ModelState, Pool, WeightSegment
+from .requests import GenerateRequest
+
+
+class KVTarget(Message):
+    """Prefill/decode disaggregation: where the prefill instance writes the request's KV blocks (pages the decode
+    instance allocated), addressed by global offset in the decode worker's region."""
+
+    decode_worker_id: str
+    decode_instance_id: str
+    transfer_session: str
+    block_offsets_bytes: tuple[int, ...]
+    block_num_bytes: int = Field(gt=0)
+
+
+class RunAssignment(Message):
+    """janus.worker.<worker>.run: run this request on this instance."""
+
+    request: GenerateRequest
+    instance_id: str
+    phase: Literal["full", "prefill", "decode"] = "full"
+    kv_target: KVTarget | None = None
+    predicted_prefill_ms: float = Field(default=0.0, ge=0)
+    dispatched_unix_ms: float
+    dispatcher_id: str = ""
+
+
+class PrefillDone(Message):
+    """A prefill finished (or failed before its first token): the dispatcher corrects the instance's EPDT."""
+
+    request_id: str
+    model: str
+    worker_id: str
+    instance_id: str
+    num_prompt_tokens: int = Field(ge=0)
+    prefill_ms: float = Field(ge=0)
+    first_token_unix_ms: float
+    ok: bool = True
+
+
+class InstanceStatus(Message):
+    """One model instance on a worker, as the heartbeat reports it."""
+
+    instance_id: str
+    model: str
+    role: InstanceRole
+    pool: Pool
+    state: ModelState
+    num_waiting: int = Field(default=0, ge=0)
+    num_running: int = Field(default=0, ge=0)
+    num_kv_blocks_used: int = Field(default=0, ge=0)
+    num_kv_blocks_free: int = Field(default=0, ge=0)
+    ttft_ms_p50: float | None = None
+    tpot_ms_p50: float | None = None
+    prefill_tokens_per_s: float | None = Field(default=None, description="measured; feeds the dispatcher's EPDT")
+    decode_tokens_per_s: float | None = None
+    weight_segments: tuple[WeightSegment, ...] = ()
+
+
+class PageCounters(Message):
+    page_size_bytes: int = Field(gt=0)
+    num_pages_total: int = Field(ge=0)
+    num_pages_free: int = Field(ge=0)
+    fragmentation: float = Field(ge=0.0, le=1.0, description="free pages outside the largest free run / free pages")
+    pages_by_model: dict[str, dict[str, int]] = Field(default_factory=dict, description="model -> kind -> pages")
+
+
+class DeviceInfo(Message):
+    kind: Literal["cpu", "cuda", "npu"]
+    name: str
+    hbm_bytes: int = Field(ge=0)
+
+
+class WorkerHeartbeat(Message):
+    """janus.telemetry.worker.<worker>, every 0.5 s."""
+
+    worker_id: str
+    seq: int = Field(ge=0)
+    sent_unix_ms: float
+    device: DeviceInfo
+    pages: PageCounters
+    instances: tuple[InstanceStatus, ...] = ()
+    transfer_session: str = Field(default="", description="Mooncake session name of this worker")
+    is_draining: bool = False
