@@ -45,6 +45,7 @@ class GenerateRequest(Message):
     reply_subject: str = Field(min_length=1, description="where token chunks and the terminal event go")
     attempt: int = Field(default=0, ge=0, description="re-dispatches after an instance died before the first token")
     is_late: bool = Field(default=False, description="requeued with a relaxed deadline: never counted on time")
+    traceparent: str = Field(default="", description="W3C trace context of the request, kept across queues")
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,0 +1,232 @@
+"""The dispatcher service: a thin shell around dispatcher.core.DispatcherCore.
+
+In: submissions (janus.req.<model>, queue group), the `instances` registry (KV watch), prefill completions, worker
+heartbeats, cancellations. Out: RunAssignments to workers, typed refusals, per-model load windows. The core decides;
+this file only moves messages and keeps the clock (wall-clock Unix ms, the one clock of every service).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from opentelemetry.trace import SpanKind
+
+from contracts import (
+    CancelRequest,
+    ErrorCode,
+    ErrorInfo,
+    GenerateRequest,
+    InstanceRecord,
+    PrefillDone,
+    RequestFailed,
+    RunAssignment,
+    SubmitAck,
+    WorkerHeartbeat,
+    subjects,
+)
+from runtime import tracing
+from runtime.bus import Bus, BusError, Envelope
+from runtime.jetstream import ensure_kv
+from runtime.service import Service
+from runtime.settings import ClusterConfig, JanusSettings
+
+from .core.core import DispatcherCore
+from .core.effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
+from .core.policy import DispatchPolicy
+from .core.prefill_time import ThroughputPrefillModel
+
+log = logging.getLogger("janus.dispatcher")
+
+# a worker silent for this long is dead: its instances are lost (requests before the first token are re-dispatched)
+WORKER_TIMEOUT_S = 2.0
+# until an instance has measured its prefill speed, assume this (tokens/s); the heartbeat corrects it
+DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+class DispatcherService(Service):
+    name = "dispatcher"
+
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
+        super().__init__(settings, cluster)
+        self.policy = DispatchPolicy(**cluster.dispatcher)
+        self.core = DispatcherCore(self.policy, ThroughputPrefillModel(DEFAULT_PREFILL_TOKENS_PER_S),
+                                   dispatcher_id=settings.instance)
+        self.models = {m.name for m in cluster.models}
+        self._requests: dict[str, GenerateRequest] = {}
+        # past the first token: request -> (instance, reply subject, arrival); failed by us if the instance dies
+        self._streaming: dict[str, tuple[str, GenerateRequest]] = {}
+        self._records: dict[str, InstanceRecord] = {}
+        self._worker_seen_s: dict[str, float] = {}
+        self._dead_workers: set[str] = set()
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._watcher = None
+        self._tracer = tracing.tracer("janus.dispatcher")
+        self.num_assigned = 0
+        self.num_rejected = 0
+
+    async def start(self, bus: Bus) -> None:
+        kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        self._watcher = await kv.watchall()
+        self._tasks.append(asyncio.create_task(self._watch_registry()))
+        await bus.serve(subjects.REQ_WILDCARD, GenerateRequest, self._on_request, queue=subjects.DISPATCH_QUEUE)
+        await bus.subscribe(subjects.PREFILL_DONE, PrefillDone, self._on_prefill_done, traced=False)
+        await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
+        await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
+        self._tasks.append(asyncio.create_task(self._timer()))
+
+    async def stop(self) -> None:
+        # a KV watcher left running makes drain() hang for 30 s
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+        for task in self._tasks:
+            task.cancel()
+
+    # --- inputs ---
+    async def _on_request(self, req: GenerateRequest, env: Envelope) -> SubmitAck:
+        if req.model not in self.models:
+            raise BusError.of(ErrorCode.UNKNOWN_MODEL, f"model {req.model} is not served by this cluster")
+        self._requests[req.request_id] = req
+        effects = self.core.on_request(now_ms(), req)
+        own = next((e for e in effects if isinstance(e, Reject) and e.request_id == req.request_id), None)
+        await self._apply([e for e in effects if e is not own])
+        self._kick.set()
+        if own is not None:
+            self._requests.pop(req.request_id, None)
+            self.num_rejected += 1
+            return SubmitAck(request_id=req.request_id, status="rejected", error=own.error_info())
+        return SubmitAck(request_id=req.request_id, status="queued", queue_depth=self.core.queue_depth(req.model))
+
+    async def _on_prefill_done(self, done: PrefillDone, env: Envelope) -> None:
+        req = self._requests.get(done.request_id)
+        effects = self.core.on_prefill_done(now_ms(), done.instance_id, done.request_id, ok=done.ok,
+                                            first_token_ms=done.first_token_unix_ms)
+        if done.ok and req is not None:
+            self._requests.pop(done.request_id, None)
+            self._streaming[done.request_id] = (done.instance_id, req)
+        await self._apply(effects)
+        self._kick.set()
+
+    async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
+        self._requests.pop(cancel.request_id, None)
+        self._streaming.pop(cancel.request_id, None)
+        await self._apply(self.core.on_cancel(now_ms(), cancel.request_id))
+
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
+        self._worker_seen_s[hb.worker_id] = time.monotonic()
+        if hb.worker_id in self._dead_workers:
+            self._dead_workers.discard(hb.worker_id)
+            await self._apply(self.core.on_instances(now_ms(), self._live_records()))
+        await self._apply(self.core.on_heartbeat(now_ms(), hb))
+
+    async def _watch_registry(self) -> None:
+        async for entry in self._watcher:
+            if entry is None:  # end of the initial snapshot
+                await self._apply(self.core.on_instances(now_ms(), self._live_records()))
+                continue
+            key = entry.key
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self._records.pop(key, None)
+            else:
+                try:
+                    record = InstanceRecord.model_validate_json(entry.value)
+                except ValueError:
+                    log.warning("malformed registry record %s", key)
+                    continue
+                self._records[key] = record
+                self._worker_seen_s.setdefault(record.worker_id, time.monotonic())
+            await self._apply(self.core.on_instances(now_ms(), self._live_records()))
+            self._kick.set()
+
+    def _live_records(self) -> list[InstanceRecord]:
+        return [r for r in self._records.values() if r.worker_id not in self._dead_workers]
+
+    # --- time ---
+    async def _timer(self) -> None:
+        while True:
+            wake = self.core.next_wakeup_ms()
+            delay_s = 0.25 if wake is None else min(0.25, max(0.0, (wake - now_ms()) / 1000.0))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), delay_s)
+            self._kick.clear()
+            try:
+                await self._check_workers()
+                await self._apply(self.core.on_tick(now_ms()))
+            except Exception:  # noqa: BLE001 - the dispatcher must keep dispatching
+                log.exception("dispatcher tick failed")
+
+    async def _check_workers(self) -> None:
+        now_s = time.monotonic()
+        for worker_id, seen_s in list(self._worker_seen_s.items()):
+            if worker_id in self._dead_workers or now_s - seen_s < WORKER_TIMEOUT_S:
+                continue
+            log.warning("worker %s silent for %.1f s: its instances are lost", worker_id, now_s - seen_s)
+            self._dead_workers.add(worker_id)
+            lost = [r.instance_id for r in self._records.values() if r.worker_id == worker_id]
+            effects: list[Effect] = []
+            for instance_id in lost:
+                effects += self.core.on_instance_lost(now_ms(), instance_id)
+            await self._apply(effects + self.core.on_instances(now_ms(), self._live_records()))
+            await self._fail_streaming(set(lost))
+
+    async def _fail_streaming(self, instance_ids: set[str]) -> None:
+        """Requests past their first token cannot move: their clients get a clear error."""
+        for request_id, (instance_id, req) in list(self._streaming.items()):
+            if instance_id in instance_ids:
+                self._streaming.pop(request_id, None)
+                err = ErrorInfo(code=ErrorCode.INSTANCE_FAILED, retryable=False,
+                                message=f"instance {instance_id} died after streaming had begun")
+                await self.bus.publish(req.reply_subject, RequestFailed(request_id=request_id, seq=0, error=err),
+                                       propagate=False)
+        horizon_ms = now_ms() - self.cluster.gateway.request_timeout_s * 1000.0
+        for request_id, (_, req) in list(self._streaming.items()):
+            if req.arrival_unix_ms < horizon_ms:  # the gateway has given up on it by now
+                self._streaming.pop(request_id, None)
+
+    # --- outputs ---
+    async def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Assign):
+                await self._assign(effect)
+            elif isinstance(effect, Reject):
+                await self._reject(effect)
+            elif isinstance(effect, PublishLoad):
+                await self.bus.publish(subjects.model_telemetry(effect.window.model), effect.window,
+                                       propagate=False)
+            elif isinstance(effect, (Requeued, Relaxed)):
+                log.info("%s", effect)
+
+    async def _assign(self, a: Assign) -> None:
+        req = self._requests.get(a.request_id)
+        if req is None:
+            log.warning("assignment of unknown request %s dropped", a.request_id)
+            return
+        req = req.model_copy(update={"attempt": a.attempt, "is_late": a.is_late})
+        self._requests[a.request_id] = req
+        run = RunAssignment(request=req, instance_id=a.instance_id, predicted_prefill_ms=a.predicted_prefill_ms,
+                            dispatched_unix_ms=now_ms(), dispatcher_id=self.instance)
+        ctx = tracing.context_from_traceparent(req.traceparent)
+        with self._tracer.start_as_current_span("dispatcher assign", context=ctx, kind=SpanKind.PRODUCER) as span:
+            span.set_attribute("janus.instance_id", a.instance_id)
+            span.set_attribute("janus.predicted_prefill_ms", a.predicted_prefill_ms)
+            await self.bus.publish(subjects.worker_run(a.worker_id), run)
+        self.num_assigned += 1
+
+    async def _reject(self, r: Reject) -> None:
+        req = self._requests.pop(r.request_id, None)
+        self.num_rejected += 1
+        if req is None:
+            return
+        await self.bus.publish(req.reply_subject, RequestFailed(request_id=r.request_id, seq=0,
+                                                                 error=r.error_info()), propagate=False)
+
+    def health_detail(self) -> dict[str, str]:
+        return {"assigned": str(self.num_assigned), "rejected": str(self.num_rejected),
+                "instances": str(len(self._records)), "queued": str(len(self._requests))}

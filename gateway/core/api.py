@@ -1,0 +1,98 @@
+"""The OpenAI request bodies the gateway accepts. Unknown fields are refused (as OpenAI does), so a typo is an
+error and not a silently ignored knob."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP = 4
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Common(_Body):
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
+    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
+    user: str | None = Field(default=None, max_length=256)
+    # extensions (vLLM-style)
+    top_k: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return v
+
+    def stop_list(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class CompletionBody(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, description="OpenAI's default for completions")
+    logprobs: int | None = Field(default=None, ge=0, le=1, description="log-probability of the chosen token")
+    echo: bool = Field(default=False)
+    suffix: None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+
+class ContentPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatBody(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=0, description="only the chosen token's logprob")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def field_of(loc: tuple[Any, ...]) -> str | None:
+    """The OpenAI `param` for a pydantic error location (`body.messages.0.role` -> `messages`)."""
+    names = [str(p) for p in loc if p != "body"]
+    return names[0] if names else None

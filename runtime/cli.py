@@ -1,0 +1,160 @@
+"""The `janus` command."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from .settings import JanusSettings, load_cluster_config
+
+# Commands whose implementation lives with its package: name -> "module:function(argv) -> int"
+DELEGATED = {
+    "sim": ("sim.cli:main", "run the cluster simulator on a trace, with baselines and plots"),
+    "replay": ("sim.replay:main", "send a trace open-loop to a live gateway and report what clients saw"),
+    "audit": ("planner.audit:main", "follow or replay the plan audit stream (JetStream PLANS)"),
+    "status": ("runtime.status:main", "devices, resident models, pools, replicas and queues"),
+}
+
+
+def _settings(args: argparse.Namespace) -> JanusSettings:
+    overrides = {}
+    if getattr(args, "nats", None):
+        overrides["nats_url"] = args.nats
+    if getattr(args, "config", None):
+        overrides["config"] = args.config
+    if getattr(args, "id", None):
+        overrides["instance"] = args.id
+    if getattr(args, "state_dir", None):
+        overrides["state_dir"] = args.state_dir
+    return JanusSettings(**overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .service import configure_logging, run_service
+    from .services import load_service_class
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    cluster = load_cluster_config(settings.config)
+    cls = load_service_class(args.service)
+    kwargs = {}
+    if args.service == "gateway" and args.port is not None:
+        kwargs["port"] = args.port
+    if args.service == "worker":
+        kwargs["worker_id"] = settings.instance
+    service = cls(settings, cluster, **kwargs)
+    asyncio.run(run_service(service))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from .launcher import run_up
+    from .service import configure_logging
+
+    settings = _settings(args)
+    configure_logging("WARNING")
+    cluster = load_cluster_config(settings.config)
+    return asyncio.run(run_up(settings, cluster, config_path=settings.config, gateway_port=args.port,
+                              num_workers=args.workers))
+
+
+def cmd_contracts(args: argparse.Namespace) -> int:
+    from contracts.catalog import ROUTES, json_schema
+
+    if args.json:
+        out = [{"subject": r.subject, "from": r.sender, "to": r.receivers,
+                "payload": json_schema(r.payload) if r.payload is not None else None,
+                "reply": json_schema(r.reply) if r.reply is not None else None} for r in ROUTES]
+        print(json.dumps(out, indent=2))
+        return 0
+    for r in ROUTES:
+        payload = getattr(r.payload, "__name__", None) or ("StreamEvent" if r.payload is not None else "-")
+        reply = getattr(r.reply, "__name__", "") if r.reply is not None else ""
+        print(f"{r.subject}\n  {r.sender} -> {r.receivers}\n  payload: {payload}" + (f"  reply: {reply}" if reply
+                                                                                     else ""))
+        if r.payload is not None:
+            print("  schema: " + json.dumps(json_schema(r.payload), separators=(",", ":")))
+        print()
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    out = Path(args.out) if args.out else settings.models_dir
+    if args.action == "make-demo":
+        from worker.engine.demo import DEMO_MODELS, make_demo_models
+
+        names = args.name or list(DEMO_MODELS)
+        for name, path in make_demo_models(out, names).items():
+            print(f"{name}\t{path}")
+        return 0
+    from worker.engine.demo import DEMO_MODELS
+
+    for name, spec in DEMO_MODELS.items():
+        present = (out / name / "config.json").exists()
+        print(f"{name}\t{'written' if present else 'not written'}\t{spec}")
+    return 0
+
+
+def _delegate(name: str, argv: list[str]) -> int:
+    import importlib
+
+    target, _ = DELEGATED[name]
+    module, func = target.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ModuleNotFoundError, AttributeError):
+        print(f"janus {name}: not available in this build ({target} is missing)", file=sys.stderr)
+        return 2
+    return int(fn(argv) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="janus", description="Janus: multi-LLM serving on a shared fleet")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start NATS and every service locally, with demo models")
+    up.add_argument("--config", type=Path, help="cluster YAML (default: built-in demo cluster)")
+    up.add_argument("--port", type=int, help="gateway port (0 picks a free one; default from config: 8000)")
+    up.add_argument("--workers", type=int, help="number of worker processes")
+    up.add_argument("--state-dir", type=Path, help="where models, NATS data and logs go (default .janus)")
+    up.set_defaults(fn=cmd_up)
+
+    serve = sub.add_parser("serve", help="run one service (what docker-compose and `janus up` run)")
+    serve.add_argument("service")
+    serve.add_argument("--nats", help="NATS URL (default $JANUS_NATS_URL)")
+    serve.add_argument("--config", type=Path)
+    serve.add_argument("--id", help="instance name (worker id for workers)")
+    serve.add_argument("--port", type=int, help="gateway HTTP port")
+    serve.add_argument("--state-dir", type=Path)
+    serve.set_defaults(fn=cmd_serve)
+
+    contracts = sub.add_parser("contracts", help="every subject with its payload's JSON schema")
+    contracts.add_argument("--json", action="store_true")
+    contracts.set_defaults(fn=cmd_contracts)
+
+    models = sub.add_parser("models", help="demo checkpoints")
+    models.add_argument("action", choices=["make-demo", "list"])
+    models.add_argument("--out", help="folder (default .janus/models)")
+    models.add_argument("--name", action="append", help="only this demo model (repeatable)")
+    models.add_argument("--state-dir", type=Path)
+    models.set_defaults(fn=cmd_models)
+
+    for name, (_, help_text) in DELEGATED.items():
+        d = sub.add_parser(name, help=help_text, add_help=False)
+        d.set_defaults(fn=None, delegated=name)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

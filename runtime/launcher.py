@@ -1,0 +1,189 @@
+"""`janus up`: NATS and every service as separate OS processes, through the same `janus serve` entry points that
+docker-compose uses. A service that crashes is restarted (with back-off); Ctrl-C stops everything cleanly."""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contracts import HealthReply, subjects
+
+from .bus import Bus
+from .catalog import ensure_demo_models
+from .nats_server import EmbeddedNats
+from .services import available_services
+from .settings import ClusterConfig, JanusSettings
+
+log = logging.getLogger("janus.up")
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    os.setpgrp()  # Ctrl-C reaches the launcher only; it stops the children in order
+
+
+@dataclass
+class Child:
+    service: str
+    instance: str
+    args: list[str]
+    proc: subprocess.Popen | None = None
+    num_restarts: int = 0
+    started_monotonic: float = 0.0
+    log_path: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Cluster:
+    """The processes of one local cluster."""
+
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig, *, config_path: Path | None,
+                 gateway_port: int | None = None, num_workers: int | None = None) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.config_path = config_path
+        self.gateway_port = cluster.gateway.port if gateway_port is None else gateway_port
+        self.num_workers = num_workers or cluster.workers.count
+        self.state_dir = Path(settings.state_dir)
+        self.nats = EmbeddedNats(self.state_dir / "nats")
+        self.children: list[Child] = []
+        self.gateway_url: str | None = None
+
+    def _serve_args(self, service: str, instance: str, extra: list[str] | None = None) -> list[str]:
+        args = [sys.executable, "-m", "runtime.cli", "serve", service, "--nats", self.nats.url, "--id", instance]
+        if self.config_path:
+            args += ["--config", str(self.config_path)]
+        return args + (extra or [])
+
+    def plan_children(self) -> list[Child]:
+        services = available_services()
+        children = []
+        for i in range(self.num_workers):
+            children.append(Child("worker", f"worker-{i}", self._serve_args("worker", f"worker-{i}")))
+        for name in services:
+            if name in ("worker", "gateway"):
+                continue
+            children.append(Child(name, f"{name}-0", self._serve_args(name, f"{name}-0")))
+        children.append(Child("gateway", "gateway-0",
+                              self._serve_args("gateway", "gateway-0", ["--port", str(self.gateway_port)])))
+        return children
+
+    def spawn(self, child: Child) -> None:
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        child.log_path = logs / f"{child.instance}.log"
+        env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1")
+        with open(child.log_path, "ab") as out:
+            child.proc = subprocess.Popen(child.args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                          preexec_fn=_die_with_parent)
+        child.started_monotonic = time.monotonic()
+
+    async def start(self, timeout_s: float = 180.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_demo_models(self.cluster, self.settings.models_dir)
+        self.nats.start()
+        self.children = self.plan_children()
+        for child in self.children:
+            self.spawn(child)
+        await self.wait_healthy(timeout_s)
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        bus = await Bus.connect(self.nats.url, "launcher")
+        try:
+            deadline = time.monotonic() + timeout_s
+            pending = {c.instance: c for c in self.children}
+            while pending:
+                for inst, child in list(pending.items()):
+                    if child.proc.poll() is not None:
+                        raise RuntimeError(f"{inst} exited with {child.proc.returncode}; see {child.log_path}:\n"
+                                           f"{_tail(child.log_path)}")
+                    try:
+                        reply = await bus.request(subjects.health(child.service, inst), None, HealthReply,
+                                                  timeout_s=0.5)
+                    except Exception:  # noqa: BLE001 - not up yet
+                        continue
+                    if child.service == "gateway":
+                        self.gateway_url = reply.detail.get("url")
+                    pending.pop(inst)
+                if pending and time.monotonic() > deadline:
+                    raise TimeoutError(f"not healthy after {timeout_s} s: {', '.join(pending)}")
+                await asyncio.sleep(0.2)
+        finally:
+            await bus.close()
+
+    def restart_crashed(self, max_num_restarts: int = 5) -> list[str]:
+        """Restart children that died on their own; returns what was restarted."""
+        restarted = []
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.num_restarts >= max_num_restarts:
+                continue
+            backoff_s = min(10.0, 0.5 * 2 ** child.num_restarts)
+            if time.monotonic() - child.started_monotonic < backoff_s:
+                continue
+            log.warning("%s exited with %s; restarting", child.instance, child.proc.returncode)
+            child.num_restarts += 1
+            self.spawn(child)
+            restarted.append(child.instance)
+        return restarted
+
+    def stop(self, timeout_s: float = 40.0) -> None:
+        """SIGTERM in reverse start order (gateway first: it stops taking requests), then NATS."""
+        for child in reversed(self.children):
+            if child.proc and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+        self.nats.stop()
+
+
+def _tail(path: Path | None, num_bytes: int = 3000) -> str:
+    try:
+        return path.read_bytes()[-num_bytes:].decode(errors="replace") if path else ""
+    except OSError:
+        return ""
+
+
+async def run_up(settings: JanusSettings, cluster: ClusterConfig, *, config_path: Path | None,
+                 gateway_port: int | None, num_workers: int | None) -> int:
+    local = Cluster(settings, cluster, config_path=config_path, gateway_port=gateway_port, num_workers=num_workers)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        print(f"janus: starting NATS and {len(local.plan_children())} service processes "
+              f"(state in {local.state_dir}) ...", flush=True)
+        await local.start()
+        models = ", ".join(m.name for m in cluster.models)
+        print(f"janus: NATS at {local.nats.url}", flush=True)
+        print(f"janus: gateway at {local.gateway_url}  (models: {models})", flush=True)
+        print(f"janus: try  curl {local.gateway_url}/v1/models   — Ctrl-C stops everything", flush=True)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                local.restart_crashed()
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"janus: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        print("janus: stopping ...", flush=True)
+        local.stop()
+        print("janus: stopped", flush=True)
