@@ -68,6 +68,7 @@ class DispatcherService(Service):
         self._tasks: list[asyncio.Task] = []
         self._watcher = None
         self._tracer = tracing.tracer("janus.dispatcher")
+        self.num_received = 0
         self.num_assigned = 0
         self.num_rejected = 0
 
@@ -91,6 +92,7 @@ class DispatcherService(Service):
 
     # --- inputs ---
     async def _on_request(self, req: GenerateRequest, env: Envelope) -> SubmitAck:
+        self.num_received += 1
         if req.model not in self.models:
             raise BusError.of(ErrorCode.UNKNOWN_MODEL, f"model {req.model} is not served by this cluster")
         self._requests[req.request_id] = req

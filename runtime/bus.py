@@ -75,6 +75,8 @@ def decode(tp: Any, data: bytes) -> Any:
         return None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp.model_validate_json(data)
+    if isinstance(tp, TypeAdapter):
+        return tp.validate_json(data)
     return _adapter(tp).validate_json(data)
 
 
@@ -93,20 +95,22 @@ class Bus:
         self.max_payload_bytes = max_payload_bytes
         self.num_malformed = 0
         self.num_reconnects = 0
+        self.is_closing = False
 
     @classmethod
     async def connect(cls, url: str, service: str, *, name: str | None = None, user: str | None = None,
                       password: str | None = None, tls: Any = None, connect_timeout_s: float = 5.0,
                       **options: Any) -> "Bus":
         """Connect with endless reconnects: a restarted nats-server is found again on its own."""
+        holder: list[Bus] = []
 
         async def on_error(exc: Exception) -> None:
-            log.warning("%s: nats error: %s", service, exc)
+            if not (holder and holder[0].is_closing):
+                log.warning("%s: nats error: %s", service, exc)
 
         async def on_disconnect() -> None:
-            log.warning("%s: disconnected from nats", service)
-
-        holder: list[Bus] = []
+            if not (holder and holder[0].is_closing):
+                log.warning("%s: disconnected from nats", service)
 
         async def on_reconnect() -> None:
             log.info("%s: reconnected to nats", service)
@@ -269,6 +273,7 @@ class Bus:
 
     async def close(self) -> None:
         """Stop taking messages, flush what was published, close."""
+        self.is_closing = True
         await self.unsubscribe_all()
         if self.nc.is_connected:
             try:

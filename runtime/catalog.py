@@ -36,6 +36,12 @@ def ensure_demo_models(cluster: ClusterConfig, models_dir: Path) -> dict[str, Pa
     return paths
 
 
+# Longer contexts than this are not served by default on a demo cluster (KV memory); gateway and engine share it.
+MAX_SERVED_CONTEXT_TOKENS = 8192
+
+
 def max_model_len(path: Path) -> int:
+    """Prompt + output tokens a served model takes: what gateway validation and the engine both use."""
     config = json.loads((Path(path) / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 2048)
+    native = int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 2048)
+    return min(native, MAX_SERVED_CONTEXT_TOKENS)

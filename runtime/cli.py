@@ -84,10 +84,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.models_dir
     if args.action == "make-demo":
-        from worker.engine.demo import DEMO_MODELS, make_demo_models
+        from worker.engine.demo import make_demo_models
 
-        names = args.name or list(DEMO_MODELS)
-        for name, path in make_demo_models(out, names).items():
+        for name, path in make_demo_models(out, args.name or None).items():
             print(f"{name}\t{path}")
         return 0
     from worker.engine.demo import DEMO_MODELS

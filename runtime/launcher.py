@@ -167,8 +167,8 @@ async def run_up(settings: JanusSettings, cluster: ClusterConfig, *, config_path
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        print(f"janus: starting NATS and {len(local.plan_children())} service processes "
-              f"(state in {local.state_dir}) ...", flush=True)
+        print(f"janus: starting NATS and the services ({', '.join(available_services())}; "
+              f"{local.num_workers} workers), state in {local.state_dir} ...", flush=True)
         await local.start()
         models = ", ".join(m.name for m in cluster.models)
         print(f"janus: NATS at {local.nats.url}", flush=True)

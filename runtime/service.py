@@ -82,8 +82,8 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stopped.set)
     try:
-        await service._serve_health(bus)
         await service.start(bus)
+        await service._serve_health(bus)  # healthy means started: `janus up` waits for this
         log.info("%s %s started", service.name, service.instance)
         await service.stopped.wait()
     finally:

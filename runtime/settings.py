@@ -44,6 +44,8 @@ class WorkersSpec(Frozen):
     # bootstrap placement until the planner takes over: worker id -> models; a worker not listed serves every model
     placement: dict[str, list[str]] = Field(default_factory=dict)
     max_num_seqs: int = Field(default=32, ge=1, description="running requests per engine")
+    engine: Literal["torch", "echo"] = Field(
+        default="torch", description="echo skips the model math (to measure the serving path itself)")
 
 
 class GatewaySpec(Frozen):

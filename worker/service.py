@@ -31,7 +31,7 @@ from contracts import (
 )
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
-from runtime.catalog import model_dir
+from runtime.catalog import max_model_len, model_dir
 from runtime.jetstream import ensure_kv
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
@@ -130,9 +130,14 @@ class WorkerService(Service):
         return res
 
     def _load_engine(self, path: Path, instance_id: str):
+        if self.cluster.workers.engine == "echo":
+            from .echo_engine import EchoEngine
+
+            return EchoEngine()
         from .engine.engine import EngineConfig, LLMEngine
 
-        config = EngineConfig(max_num_seqs=self.cluster.workers.max_num_seqs)
+        # the gateway validates against the same max_model_len (runtime.catalog), so they agree by construction
+        config = EngineConfig(max_num_seqs=self.cluster.workers.max_num_seqs, max_model_len=max_model_len(path))
         return LLMEngine(path, device=self.device, config=config, owner=instance_id)
 
     async def _put_record(self, res: Resident) -> None:

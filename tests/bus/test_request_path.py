@@ -1,0 +1,105 @@
+"""One request through every hop (gateway -> dispatcher -> worker -> gateway) over a real nats-server, with the
+echo engine (no model math) so the test is about the path: HTTP API, errors, streaming, traces."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from .cluster import start_cluster
+
+
+@pytest.fixture(scope="module")
+async def echo_cluster(nats_url, demo_models_dir, span_exporter):
+    config = {
+        "models": [{"name": "demo-tiny", "path": str(demo_models_dir / "demo-tiny"), "ttft_slo_ms": 5000},
+                   {"name": "demo-small", "path": str(demo_models_dir / "demo-small"), "ttft_slo_ms": 5000}],
+        "workers": {"engine": "echo"},
+    }
+    cluster = await start_cluster(nats_url, config, demo_models_dir, num_workers=2, tag="echo")
+    yield cluster
+    await cluster.stop()
+
+
+async def test_non_streamed_completion_returns_text_and_usage(echo_cluster):
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [11, 12, 13],
+                                                        "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "demo-tiny"
+    assert body["choices"][0]["text"] == "<11><12><13><11><12>"  # the echo engine cycles the prompt
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
+async def test_streamed_chat_arrives_as_sse_chunks_then_done(echo_cluster):
+    chunks = []
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        async with client.stream("POST", "/v1/chat/completions", json={
+                "model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+    assert chunks[-1] == "[DONE]"
+    events = [json.loads(c) for c in chunks[:-1]]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text.count("<") == 4
+    finals = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert finals[0]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_models_are_listed(echo_cluster):
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        r = await client.get("/v1/models")
+    assert {m["id"] for m in r.json()["data"]} == {"demo-tiny", "demo-small"}
+
+
+@pytest.mark.parametrize("body,status,code,param", [
+    ({"model": "nope", "prompt": "x", "max_tokens": 1}, 404, "unknown_model", "model"),
+    ({"prompt": "x", "max_tokens": 1}, 400, "invalid_request", "model"),
+    ({"model": "demo-tiny", "prompt": "x", "max_tokens": "many"}, 400, "invalid_request", "max_tokens"),
+    ({"model": "demo-tiny", "prompt": "x", "max_tokens": 0}, 400, "invalid_request", "max_tokens"),
+    ({"model": "demo-tiny", "prompt": "x", "max_tokens": 10**7}, 400, "context_length_exceeded", "max_tokens"),
+    ({"model": "demo-tiny", "messages": []}, 400, "invalid_request", "messages"),
+])
+async def test_bad_input_gets_an_openai_error_and_never_reaches_the_dispatcher(echo_cluster, body, status, code,
+                                                                               param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    before = echo_cluster.dispatcher.num_received
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        r = await client.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["param"] == param and err["message"]
+    assert echo_cluster.dispatcher.num_received == before
+
+
+async def test_malformed_json_and_oversized_bodies(echo_cluster):
+    before = echo_cluster.dispatcher.num_received
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        r = await client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        big = {"model": "demo-tiny", "prompt": "x" * (2 << 20), "max_tokens": 1}
+        r = await client.post("/v1/completions", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert echo_cluster.dispatcher.num_received == before
+
+
+async def test_one_request_is_one_trace_across_gateway_dispatcher_and_worker(echo_cluster, span_exporter):
+    span_exporter.clear()
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [7], "max_tokens": 2})
+    assert r.status_code == 200
+    spans = span_exporter.get_finished_spans()
+    gateway = [s for s in spans if s.name == "gateway completions"]
+    assert len(gateway) == 1
+    trace_id = gateway[0].context.trace_id
+    names = {s.name for s in spans if s.context.trace_id == trace_id}
+    assert {"gateway completions", "dispatcher janus.req.demo-tiny", "dispatcher assign",
+            "worker generate"} <= names, names
