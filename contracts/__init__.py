@@ -1,6 +1,6 @@
 """Pydantic contracts of every message on the bus and the subject names. No I/O; everything may import it."""
 from .base import SCHEMA_VERSION, ErrorCode, ErrorInfo, Message
-from .health import HealthReply
+from .health import DispatcherHeartbeat, HealthReply
 from .lifecycle import (
     ForkSource,
     InstanceRole,

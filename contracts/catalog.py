@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter
 
 from . import subjects as s
-from .health import HealthReply
+from .health import DispatcherHeartbeat, HealthReply
 from .lifecycle import LifecycleCommand, LifecycleEvent, LifecycleReply
 from .oracle import CapacityQuery, CapacityReply, ElasticityQuery, ElasticityReply
 from .plans import ElasticPlan, PlanAction, SteadyPlan
@@ -33,6 +33,7 @@ ROUTES: tuple[Route, ...] = (
     Route(f"{s.REPLY_PREFIX}.<gateway>.<request>", "worker", "gateway", StreamEvent),
     Route(s.PREFILL_DONE, "worker", "dispatchers", PrefillDone),
     Route(f"{s.PREFIX}.telemetry.worker.<worker>", "worker", "all", WorkerHeartbeat),
+    Route(f"{s.PREFIX}.telemetry.dispatcher.<dispatcher>", "dispatcher", "gateways", DispatcherHeartbeat),
     Route(f"{s.PREFIX}.telemetry.model.<model>", "dispatcher", "oracle, planners", ModelLoadWindow),
     Route(s.ORACLE_CAPACITY, "planners", "oracle (queue group)", CapacityQuery, CapacityReply),
     Route(s.ORACLE_ELASTICITY, "planners", "oracle (queue group)", ElasticityQuery, ElasticityReply),

@@ -11,3 +11,11 @@ class HealthReply(Message):
     status: Literal["ok", "degraded", "stopping"]
     uptime_s: float
     detail: dict[str, str] = {}
+
+
+class DispatcherHeartbeat(Message):
+    """janus.telemetry.dispatcher.<id>, every 0.5 s: gateways resubmit what a silent dispatcher held."""
+
+    dispatcher_id: str
+    sent_unix_ms: float
+    num_queued: int = 0

@@ -59,6 +59,8 @@ class SubmitAck(Message):
     status: Literal["queued", "rejected"]
     error: ErrorInfo | None = None
     queue_depth: int = 0
+    dispatcher_id: str = Field(default="", description="who holds it: if that dispatcher dies before the first "
+                               "token, the gateway submits again")
 
 
 class CancelRequest(Message):

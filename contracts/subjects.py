@@ -16,6 +16,8 @@ PREFILL_DONE = f"{PREFIX}.event.prefill"
 LIFECYCLE_EVENT = f"{PREFIX}.event.lifecycle"
 # worker -> all: heartbeats; payload WorkerHeartbeat
 WORKER_TELEMETRY_WILDCARD = f"{PREFIX}.telemetry.worker.*"
+# dispatcher -> gateways: liveness; payload DispatcherHeartbeat
+DISPATCHER_TELEMETRY_WILDCARD = f"{PREFIX}.telemetry.dispatcher.*"
 # dispatcher -> oracle, planners: load windows; payload ModelLoadWindow
 MODEL_TELEMETRY_WILDCARD = f"{PREFIX}.telemetry.model.*"
 # planners -> oracle (request/reply)
@@ -83,6 +85,10 @@ def worker_telemetry(worker_id: str) -> str:
 
 def model_telemetry(model: str) -> str:
     return f"{PREFIX}.telemetry.model.{token(model)}"
+
+
+def dispatcher_telemetry(dispatcher_id: str) -> str:
+    return f"{PREFIX}.telemetry.dispatcher.{token(dispatcher_id)}"
 
 
 def reply(gateway_id: str, request_id: str) -> str:

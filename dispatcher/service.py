@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind
 
 from contracts import (
     CancelRequest,
+    DispatcherHeartbeat,
     ErrorCode,
     ErrorInfo,
     GenerateRequest,
@@ -43,6 +44,7 @@ log = logging.getLogger("janus.dispatcher")
 WORKER_TIMEOUT_S = 2.0
 # until an instance has measured its prefill speed, assume this (tokens/s); the heartbeat corrects it
 DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
+HEARTBEAT_PERIOD_S = 0.5
 
 
 def now_ms() -> float:
@@ -81,6 +83,7 @@ class DispatcherService(Service):
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         self._tasks.append(asyncio.create_task(self._timer()))
+        self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
 
     async def stop(self) -> None:
         # a KV watcher left running makes drain() hang for 30 s
@@ -103,8 +106,10 @@ class DispatcherService(Service):
         if own is not None:
             self._requests.pop(req.request_id, None)
             self.num_rejected += 1
-            return SubmitAck(request_id=req.request_id, status="rejected", error=own.error_info())
-        return SubmitAck(request_id=req.request_id, status="queued", queue_depth=self.core.queue_depth(req.model))
+            return SubmitAck(request_id=req.request_id, status="rejected", error=own.error_info(),
+                             dispatcher_id=self.instance)
+        return SubmitAck(request_id=req.request_id, status="queued", queue_depth=self.core.queue_depth(req.model),
+                         dispatcher_id=self.instance)
 
     async def _on_prefill_done(self, done: PrefillDone, env: Envelope) -> None:
         req = self._requests.get(done.request_id)
@@ -149,6 +154,15 @@ class DispatcherService(Service):
 
     def _live_records(self) -> list[InstanceRecord]:
         return [r for r in self._records.values() if r.worker_id not in self._dead_workers]
+
+    async def _heartbeat_forever(self) -> None:
+        """Gateways watch this: what a silent dispatcher held before its first token is submitted again."""
+        while True:
+            beat = DispatcherHeartbeat(dispatcher_id=self.instance, sent_unix_ms=now_ms(),
+                                       num_queued=len(self._requests))
+            with contextlib.suppress(Exception):
+                await self.bus.publish(subjects.dispatcher_telemetry(self.instance), beat, propagate=False)
+            await asyncio.sleep(HEARTBEAT_PERIOD_S)
 
     # --- time ---
     async def _timer(self) -> None:

@@ -17,6 +17,7 @@ from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, To
 from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
 from .core.api import ChatBody, CompletionBody, field_of
 from .core.errors import ApiError, error_body
+from .core.limits import TenantLimiter
 from .core.responses import Completion, chunk_body, final_body, usage_chunk
 
 Event = TokenChunk | RequestDone | RequestFailed
@@ -27,6 +28,7 @@ class Backend(Protocol):
     models: dict[str, ServedModel]
     api_keys: dict[str, str]
     max_request_bytes: int
+    limiter: TenantLimiter
 
     def reply_subject(self, request_id: str) -> str: ...
 
@@ -110,8 +112,8 @@ def create_app(backend: Backend) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway completions"):
             req = admit_completion(body, model, _envelope(backend, tenant))
-            return await _respond(backend, request, req, "completion", body.stream, _usage_wanted(body),
-                                  bool(body.logprobs))
+            return await _admitted(backend, request, req, "completion", body.stream, _usage_wanted(body),
+                                   bool(body.logprobs))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request):
@@ -119,7 +121,7 @@ def create_app(backend: Backend) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
             req = admit_chat(body, model, _envelope(backend, tenant))
-            return await _respond(backend, request, req, "chat", body.stream, _usage_wanted(body), body.logprobs)
+            return await _admitted(backend, request, req, "chat", body.stream, _usage_wanted(body), body.logprobs)
 
     return app
 
@@ -134,14 +136,29 @@ def _envelope(backend: Backend, tenant: str) -> Envelope:
                     reply_subject=backend.reply_subject(request_id), traceparent=backend.current_traceparent())
 
 
+async def _admitted(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
+                    include_usage: bool, want_logprobs: bool):
+    """Hold a tenant slot (rate and concurrency) for as long as the request runs, streams included."""
+    refusal = backend.limiter.try_acquire(req.tenant, time.monotonic())
+    if refusal is not None:
+        raise ApiError(ErrorCode.RATE_LIMITED, refusal)
+    releases = [lambda: backend.limiter.release(req.tenant)]
+    try:
+        return await _respond(backend, request, req, kind, stream, include_usage, want_logprobs, releases)
+    finally:
+        for release in releases:  # emptied by a stream, which releases when it ends
+            release()
+
+
 async def _respond(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
-                   include_usage: bool, want_logprobs: bool):
+                   include_usage: bool, want_logprobs: bool, releases: list):
     completion = Completion(request_id=req.request_id, model=req.model, created_s=int(time.time()), kind=kind,
                             num_prompt_tokens=req.num_prompt_tokens)
     events = backend.submit(req)
     if stream:
         first = await _first_event(events)  # errors before the first token become a plain HTTP error
-        return StreamingResponse(_stream(first, events, completion, include_usage, want_logprobs),
+        on_end = releases.pop()
+        return StreamingResponse(_stream(first, events, completion, include_usage, want_logprobs, on_end),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     collect = asyncio.ensure_future(_collect(events, completion))
     watch = asyncio.ensure_future(_wait_disconnect(request))
@@ -186,7 +203,7 @@ async def _collect(events: AsyncIterator[Event], completion: Completion) -> None
 
 
 async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: bool,
-                  want_logprobs: bool) -> AsyncIterator[bytes]:
+                  want_logprobs: bool, on_end) -> AsyncIterator[bytes]:
     is_first = True
 
     async def chain() -> AsyncIterator[Event]:
@@ -212,4 +229,5 @@ async def _stream(first: Event, events: AsyncIterator[Event], completion: Comple
                 yield _sse(ApiError.from_info(ev.error).body())
                 yield _sse("[DONE]")
     finally:
+        on_end()
         await events.aclose()  # a disconnected client cancels its work

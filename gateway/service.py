@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import uvicorn
@@ -17,6 +18,7 @@ import uvicorn
 from contracts import (
     STREAM_EVENT,
     CancelRequest,
+    DispatcherHeartbeat,
     ErrorCode,
     ErrorInfo,
     GenerateRequest,
@@ -33,9 +35,29 @@ from runtime.settings import ClusterConfig, JanusSettings
 
 from .app import Event, create_app
 from .core.admission import ServedModel
+from .core.limits import TenantLimiter
 from .core.stream import StreamAssembler
 
 log = logging.getLogger("janus.gateway")
+
+# a dispatcher silent this long is presumed dead: what it held before the first token is submitted again
+DISPATCHER_TIMEOUT_S = 2.0
+DISPATCHER_CHECK_PERIOD_S = 0.25
+MAX_NUM_SUBMISSIONS = 3
+_RESUBMIT = object()
+
+
+@dataclass
+class _Pending:
+    """One client request at the gateway, across its submissions."""
+
+    request_id: str
+    attempt_id: str = ""
+    dispatcher_id: str = ""
+    has_first_event: bool = False
+    is_resubmitting: bool = False
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    assembler: StreamAssembler = field(default_factory=StreamAssembler)
 
 
 class _Server(uvicorn.Server):
@@ -59,10 +81,12 @@ class GatewayService(Service):
         self.models: dict[str, ServedModel] = {}
         self.api_keys = dict(cluster.gateway.api_keys)
         self.max_request_bytes = cluster.gateway.max_request_bytes
+        self.limiter = TenantLimiter(dict(cluster.gateway.tenants), cluster.gateway.default_tenant_limits)
         self.request_timeout_s = cluster.gateway.request_timeout_s
         self.host = host or cluster.gateway.host
         self.port = cluster.gateway.port if port is None else port
-        self._pending: dict[str, tuple[asyncio.Queue, StreamAssembler]] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._dispatcher_seen_s: dict[str, float] = {}
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
         self._tracer = tracing.tracer("janus.gateway")
@@ -79,51 +103,98 @@ class GatewayService(Service):
         return self._tracer.start_as_current_span(name)
 
     async def submit(self, request: GenerateRequest) -> AsyncIterator[Event]:
-        queue: asyncio.Queue = asyncio.Queue()
-        assembler = StreamAssembler()
-        self._pending[request.request_id] = (queue, assembler)
+        """Submit and yield the request's events, ending with exactly one terminal event.
+
+        If the dispatcher holding the request falls silent before the first token, the request is submitted again
+        (under a fresh attempt id, the old attempt cancelled), so a dispatcher crash loses nothing."""
+        pending = _Pending(request_id=request.request_id)
         is_terminal = False
+        attempt = request
         try:
-            try:
-                ack = await self.bus.request(subjects.req(request.model), request, SubmitAck, timeout_s=5.0)
-            except BusError as exc:
-                is_terminal = True
-                yield RequestFailed(request_id=request.request_id, seq=0, error=exc.error)
-                return
-            if ack.status == "rejected":
-                is_terminal = True
-                yield RequestFailed(request_id=request.request_id, seq=0, error=ack.error or ErrorInfo(
-                    code=ErrorCode.OVERLOADED, message="the dispatcher refused the request"))
-                return
-            deadline = time.monotonic() + self.request_timeout_s
-            while True:
-                remaining = deadline - time.monotonic()
+            for submission in range(MAX_NUM_SUBMISSIONS):
+                if submission:
+                    attempt_id = f"{request.request_id}-s{submission}"
+                    attempt = request.model_copy(update={"request_id": attempt_id,
+                                                         "reply_subject": self.reply_subject(attempt_id)})
+                self._pending[attempt.request_id] = pending
+                pending.attempt_id = attempt.request_id
+                pending.is_resubmitting = False
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=max(remaining, 0.001))
-                except asyncio.TimeoutError:
+                    ack = await self.bus.request(subjects.req(request.model), attempt, SubmitAck, timeout_s=5.0)
+                except BusError as exc:
                     is_terminal = True
-                    yield RequestFailed(request_id=request.request_id, seq=assembler.next_seq, error=ErrorInfo(
-                        code=ErrorCode.TIMEOUT, message=f"no answer within {self.request_timeout_s} s"))
+                    yield RequestFailed(request_id=request.request_id, seq=0, error=exc.error)
                     return
-                if not isinstance(event, TokenChunk):
+                if ack.status == "rejected":
                     is_terminal = True
-                yield event
-                if is_terminal:
+                    yield RequestFailed(request_id=request.request_id, seq=0, error=ack.error or ErrorInfo(
+                        code=ErrorCode.OVERLOADED, message="the dispatcher refused the request"))
                     return
+                pending.dispatcher_id = ack.dispatcher_id
+                async for event in self._events_of(pending, request):
+                    if event is _RESUBMIT:
+                        break
+                    if not isinstance(event, TokenChunk):
+                        is_terminal = True
+                    yield event
+                    if is_terminal:
+                        return
+                log.warning("dispatcher %s went silent holding %s: submitting again", pending.dispatcher_id,
+                            request.request_id)
+                self._pending.pop(attempt.request_id, None)
+                await self._cancel(attempt.request_id)
+            is_terminal = True
+            yield RequestFailed(request_id=request.request_id, seq=0, error=ErrorInfo(
+                code=ErrorCode.UNAVAILABLE, retryable=True,
+                message=f"dispatchers failed {MAX_NUM_SUBMISSIONS} times before the first token"))
         finally:
-            self._pending.pop(request.request_id, None)
-            if not is_terminal and self.bus is not None and self.bus.nc.is_connected:
-                # the consumer stopped early: the client went away
-                with contextlib.suppress(Exception):
-                    await self.bus.publish(subjects.CANCEL, CancelRequest(request_id=request.request_id))
+            self._pending.pop(attempt.request_id, None)
+            if not is_terminal:
+                await self._cancel(attempt.request_id)  # the consumer stopped early: the client went away
+
+    async def _events_of(self, pending: "_Pending", request: GenerateRequest) -> AsyncIterator[object]:
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                event = await asyncio.wait_for(pending.queue.get(), timeout=max(remaining, 0.001))
+            except asyncio.TimeoutError:
+                yield RequestFailed(request_id=request.request_id, seq=pending.assembler.next_seq, error=ErrorInfo(
+                    code=ErrorCode.TIMEOUT, message=f"no answer within {self.request_timeout_s} s"))
+                return
+            if event is _RESUBMIT:
+                if pending.has_first_event:
+                    continue  # streaming already: the dispatcher no longer matters
+                yield event
+                return
+            pending.has_first_event = True
+            yield event
+
+    async def _cancel(self, request_id: str) -> None:
+        if self.bus is not None and self.bus.nc.is_connected:
+            with contextlib.suppress(Exception):
+                await self.bus.publish(subjects.CANCEL, CancelRequest(request_id=request_id))
+
+    async def _on_dispatcher_heartbeat(self, beat: DispatcherHeartbeat, env: Envelope) -> None:
+        self._dispatcher_seen_s[beat.dispatcher_id] = time.monotonic()
+
+    async def _watch_dispatchers(self) -> None:
+        while True:
+            await asyncio.sleep(DISPATCHER_CHECK_PERIOD_S)
+            now_s = time.monotonic()
+            for pending in list(self._pending.values()):
+                seen = self._dispatcher_seen_s.get(pending.dispatcher_id)
+                if (seen is not None and not pending.has_first_event and not pending.is_resubmitting
+                        and now_s - seen > DISPATCHER_TIMEOUT_S):
+                    pending.is_resubmitting = True
+                    pending.queue.put_nowait(_RESUBMIT)
 
     async def _on_reply(self, event: Event, env: Envelope) -> None:
         pending = self._pending.get(event.request_id)
-        if pending is None:
-            return  # late events of a request already ended (cancelled or timed out)
-        queue, assembler = pending
-        for ready in assembler.push(event):
-            queue.put_nowait(ready)
+        if pending is None or pending.attempt_id != event.request_id:
+            return  # late events of a request already ended (cancelled, timed out, or submitted again)
+        for ready in pending.assembler.push(event):
+            pending.queue.put_nowait(ready)
 
     # --- lifecycle ---
     def load_models(self) -> None:
@@ -139,8 +210,15 @@ class GatewayService(Service):
         if not self.models:
             self.load_models()
         await bus.subscribe(subjects.reply_wildcard(self.gateway_id), STREAM_EVENT, self._on_reply, traced=False)
+        await bus.subscribe(subjects.DISPATCHER_TELEMETRY_WILDCARD, DispatcherHeartbeat,
+                            self._on_dispatcher_heartbeat, traced=False)
+        self._watchdog = asyncio.create_task(self._watch_dispatchers())
+        gw = self.cluster.gateway
+        # no access log: it would hold request lines and, behind proxies, keys; metrics and traces cover it
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=30, access_log=False)
+                                timeout_graceful_shutdown=30, access_log=False,
+                                ssl_certfile=str(gw.tls_certfile) if gw.tls_certfile else None,
+                                ssl_keyfile=str(gw.tls_keyfile) if gw.tls_keyfile else None)
         self._server = _Server(config)
         self._server_task = asyncio.create_task(self._server.serve())
         while not self._server.started:
@@ -154,10 +232,13 @@ class GatewayService(Service):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.cluster.gateway.tls_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     async def stop(self) -> None:
         """Stop accepting connections; streams in flight finish (uvicorn waits for them)."""
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.cancel()
         if self._server is not None:
             self._server.should_exit = True
         if self._server_task is not None:

@@ -97,6 +97,18 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nats_config(args: argparse.Namespace) -> int:
+    from .security import load_or_create_credentials, write_nats_config
+
+    out = Path(args.out)
+    creds = load_or_create_credentials(out / "credentials.json")
+    conf = write_nats_config(out / "nats.conf", creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                             tls_ca=args.tls_ca)
+    print(f"wrote {conf} (include it in each NATS server's configuration) and {out / 'credentials.json'} "
+          "(give each service its own user: JANUS_NATS_USER / JANUS_NATS_PASSWORD); both are mode 0600")
+    return 0
+
+
 def _delegate(name: str, argv: list[str]) -> int:
     import importlib
 
@@ -140,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--name", action="append", help="only this demo model (repeatable)")
     models.add_argument("--state-dir", type=Path)
     models.set_defaults(fn=cmd_models)
+
+    natsc = sub.add_parser("nats-config", help="NATS users per service with subject permissions, for production")
+    natsc.add_argument("--out", required=True, help="folder for nats.conf and credentials.json")
+    natsc.add_argument("--tls-cert", type=Path)
+    natsc.add_argument("--tls-key", type=Path)
+    natsc.add_argument("--tls-ca", type=Path)
+    natsc.set_defaults(fn=cmd_nats_config)
 
     for name, (_, help_text) in DELEGATED.items():
         d = sub.add_parser(name, help=help_text, add_help=False)

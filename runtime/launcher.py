@@ -18,6 +18,7 @@ from contracts import HealthReply, subjects
 from .bus import Bus
 from .catalog import ensure_demo_models
 from .nats_server import EmbeddedNats
+from .security import load_or_create_credentials, user_for_service, write_nats_config
 from .services import available_services
 from .settings import ClusterConfig, JanusSettings
 
@@ -52,7 +53,10 @@ class Cluster:
         self.gateway_port = cluster.gateway.port if gateway_port is None else gateway_port
         self.num_workers = num_workers or cluster.workers.count
         self.state_dir = Path(settings.state_dir)
-        self.nats = EmbeddedNats(self.state_dir / "nats")
+        # every service gets its own NATS user, allowed only the subjects its job needs (runtime/security.py)
+        self.credentials = load_or_create_credentials(self.state_dir / "credentials.json")
+        nats_conf = write_nats_config(self.state_dir / "nats.conf", self.credentials)
+        self.nats = EmbeddedNats(self.state_dir / "nats", extra_args=["-c", str(nats_conf)])
         self.children: list[Child] = []
         self.gateway_url: str | None = None
 
@@ -79,7 +83,9 @@ class Cluster:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.log_path = logs / f"{child.instance}.log"
-        env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1")
+        user = user_for_service(child.service)
+        env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1", JANUS_NATS_USER=user,
+                   JANUS_NATS_PASSWORD=self.credentials[user])
         with open(child.log_path, "ab") as out:
             child.proc = subprocess.Popen(child.args, stdout=out, stderr=subprocess.STDOUT, env=env,
                                           preexec_fn=_die_with_parent)
@@ -95,7 +101,7 @@ class Cluster:
         await self.wait_healthy(timeout_s)
 
     async def wait_healthy(self, timeout_s: float) -> None:
-        bus = await Bus.connect(self.nats.url, "launcher")
+        bus = await self.operator_bus()
         try:
             deadline = time.monotonic() + timeout_s
             pending = {c.instance: c for c in self.children}
@@ -117,6 +123,9 @@ class Cluster:
                 await asyncio.sleep(0.2)
         finally:
             await bus.close()
+
+    async def operator_bus(self) -> Bus:
+        return await Bus.connect(self.nats.url, "launcher", user="operator", password=self.credentials["operator"])
 
     def restart_crashed(self, max_num_restarts: int = 5) -> list[str]:
         """Restart children that died on their own; returns what was restarted."""

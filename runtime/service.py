@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import time
 from abc import ABC, abstractmethod
 
@@ -65,6 +66,16 @@ class Service(ABC):
         await bus.subscribe(subjects.HEALTH_ALL, None, broadcast, traced=False)
 
 
+def tls_context(settings: JanusSettings) -> ssl.SSLContext | None:
+    """TLS to NATS when a CA is configured (mutual TLS with a client certificate and key)."""
+    if settings.nats_tls_ca is None:
+        return None
+    ctx = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
+    if settings.nats_tls_cert is not None:
+        ctx.load_cert_chain(str(settings.nats_tls_cert), str(settings.nats_tls_key) if settings.nats_tls_key else None)
+    return ctx
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -75,7 +86,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
     settings = service.settings
     setup_tracing(f"janus-{service.name}")
     bus = await Bus.connect(settings.nats_url, service.name, name=f"janus-{service.name}-{service.instance}",
-                            user=settings.nats_user, password=settings.nats_password)
+                            user=settings.nats_user, password=settings.nats_password, tls=tls_context(settings))
     service.bus = bus
     loop = asyncio.get_running_loop()
     if install_signals:

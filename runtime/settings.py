@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.core.limits import TenantLimits
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -52,6 +54,10 @@ class GatewaySpec(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_keys: dict[str, str] = Field(default_factory=dict, description="API key -> tenant; empty: no auth")
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict, description="per-tenant rate and concurrency")
+    default_tenant_limits: TenantLimits = TenantLimits()
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
     max_request_bytes: int = Field(default=1 << 20, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
 
@@ -79,7 +85,9 @@ class JanusSettings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None
     nats_password: str | None = None
-    nats_tls_ca: Path | None = None
+    nats_tls_ca: Path | None = Field(default=None, description="CA bundle: connect to NATS over TLS")
+    nats_tls_cert: Path | None = Field(default=None, description="client certificate for mutual TLS")
+    nats_tls_key: Path | None = None
     config: Path | None = Field(default=None, description="cluster YAML")
     state_dir: Path = Path(".janus")
     instance: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")

@@ -1,0 +1,125 @@
+"""Each service's NATS credentials work where its job is, and are refused where it must not go."""
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+
+from runtime.nats_server import EmbeddedNats
+from runtime.security import SERVICE_PERMISSIONS, generate_credentials, write_nats_config
+
+# (service, subject it must NOT publish to)
+FORBIDDEN_PUBLISH = [
+    ("worker", "janus.plan.steady"),
+    ("worker", "janus.plan.elastic"),
+    ("worker", "janus.worker.other.cmd"),
+    ("gateway", "janus.worker.w1.cmd"),
+    ("gateway", "janus.worker.w1.run"),
+    ("gateway", "janus.plan.steady"),
+    ("dispatcher", "janus.worker.w1.cmd"),
+    ("oracle", "janus.plan.steady"),
+    ("steady-planner", "janus.worker.w1.cmd"),
+    ("elastic-scaler", "janus.plan.steady"),
+    ("operator", "janus.worker.w1.cmd"),
+    ("operator", "janus.req.demo"),
+]
+ALLOWED_PUBLISH = [
+    ("gateway", "janus.req.demo"),
+    ("dispatcher", "janus.worker.w1.run"),
+    ("reconciler", "janus.worker.w1.cmd"),
+    ("steady-planner", "janus.plan.steady"),
+    ("worker", "janus.telemetry.worker.w1"),
+]
+FORBIDDEN_SUBSCRIBE = [
+    ("gateway", "janus.worker.w1.cmd"),
+    ("worker", "janus.req.*"),
+    ("oracle", "janus.reply.>"),
+]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    d = tmp_path_factory.mktemp("secured")
+    creds = generate_credentials()
+    conf = write_nats_config(d / "nats.conf", creds)
+    server = EmbeddedNats(d / "nats", extra_args=["-c", str(conf)]).start()
+    yield server, creds
+    server.stop()
+
+
+async def _connect(server, creds, user, errors):
+    async def on_error(exc):
+        errors.append(str(exc))
+
+    return await nats.connect(server.url, user=user, password=creds[user], error_cb=on_error,
+                              allow_reconnect=False)
+
+
+async def _observer(server, creds, subject):
+    got: asyncio.Queue = asyncio.Queue()
+    nc = await _connect(server, creds, "operator", [])
+
+    async def on_msg(msg):
+        await got.put(msg.subject)
+
+    await nc.subscribe(subject, cb=on_msg)
+    await nc.flush()
+    return nc, got
+
+
+async def test_a_wrong_password_is_refused(secured):
+    server, creds = secured
+    with pytest.raises(Exception):
+        await nats.connect(server.url, user="worker", password="wrong", allow_reconnect=False,
+                           max_reconnect_attempts=0, connect_timeout=2)
+
+
+@pytest.mark.parametrize("user,subject", FORBIDDEN_PUBLISH)
+async def test_forbidden_publishes_are_refused(secured, user, subject):
+    server, creds = secured
+    observer, got = await _observer(server, creds, subject)
+    errors: list[str] = []
+    nc = await _connect(server, creds, user, errors)
+    await nc.publish(subject, b"{}")
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    assert got.empty(), f"{user} reached {subject}"
+    assert any("permissions violation" in e.lower() for e in errors), errors
+    await nc.close()
+    await observer.close()
+
+
+@pytest.mark.parametrize("user,subject", ALLOWED_PUBLISH)
+async def test_allowed_publishes_arrive(secured, user, subject):
+    server, creds = secured
+    observer, got = await _observer(server, creds, subject)
+    errors: list[str] = []
+    nc = await _connect(server, creds, user, errors)
+    await nc.publish(subject, b"{}")
+    await nc.flush()
+    assert await asyncio.wait_for(got.get(), 2) == subject
+    assert not errors
+    await nc.close()
+    await observer.close()
+
+
+@pytest.mark.parametrize("user,subject", FORBIDDEN_SUBSCRIBE)
+async def test_forbidden_subscriptions_are_refused(secured, user, subject):
+    server, creds = secured
+    errors: list[str] = []
+    nc = await _connect(server, creds, user, errors)
+    async def ignore(msg):
+        pass
+
+    await nc.subscribe(subject, cb=ignore)
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    assert any("permissions violation" in e.lower() for e in errors), errors
+    await nc.close()
+
+
+def test_every_service_has_a_user():
+    from runtime.services import SERVICES
+
+    assert set(SERVICES) <= set(SERVICE_PERMISSIONS)
