@@ -20,6 +20,7 @@ from contracts import (
     ErrorInfo,
     GenerateRequest,
     InstanceRecord,
+    ModelState,
     PrefillDone,
     RequestFailed,
     RunAssignment,
@@ -29,7 +30,7 @@ from contracts import (
 )
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
-from runtime.jetstream import ensure_kv
+from runtime.jetstream import instances_bucket
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -75,7 +76,7 @@ class DispatcherService(Service):
         self.num_rejected = 0
 
     async def start(self, bus: Bus) -> None:
-        kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        kv = await instances_bucket(bus.js, self.cluster)
         self._watcher = await kv.watchall()
         self._tasks.append(asyncio.create_task(self._watch_registry()))
         await bus.serve(subjects.REQ_WILDCARD, GenerateRequest, self._on_request, queue=subjects.DISPATCH_QUEUE)
@@ -129,7 +130,13 @@ class DispatcherService(Service):
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self._worker_seen_s[hb.worker_id] = time.monotonic()
         if hb.worker_id in self._dead_workers:
+            # back from the dead (a partition or a NATS restart): the heartbeat is fresher evidence than the
+            # registry record, and a record newer than the loss is what lifts the core's ban on the instance
             self._dead_workers.discard(hb.worker_id)
+            active = {st.instance_id for st in hb.instances if st.state == ModelState.ACTIVE}
+            for key, record in list(self._records.items()):
+                if record.worker_id == hb.worker_id and record.instance_id in active:
+                    self._records[key] = record.model_copy(update={"updated_unix_ms": hb.sent_unix_ms})
             await self._apply(self.core.on_instances(now_ms(), self._live_records()))
         await self._apply(self.core.on_heartbeat(now_ms(), hb))
 

@@ -44,6 +44,8 @@ log = logging.getLogger("janus.gateway")
 DISPATCHER_TIMEOUT_S = 2.0
 DISPATCHER_CHECK_PERIOD_S = 0.25
 MAX_NUM_SUBMISSIONS = 3
+# tokens waiting this long behind a missing one: the missing one is gone (ends the request with a clear error)
+STREAM_GAP_TIMEOUT_S = 3.0
 _RESUBMIT = object()
 
 
@@ -183,6 +185,12 @@ class GatewayService(Service):
             await asyncio.sleep(DISPATCHER_CHECK_PERIOD_S)
             now_s = time.monotonic()
             for pending in list(self._pending.values()):
+                if pending.assembler.gap_age_s(now_s) > STREAM_GAP_TIMEOUT_S and not pending.assembler.is_terminal:
+                    err = ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
+                                    message="the token stream lost a message in a bus failover")
+                    for ready in pending.assembler.push(RequestFailed(request_id=pending.attempt_id, seq=0,
+                                                                      error=err)):
+                        pending.queue.put_nowait(ready)
                 seen = self._dispatcher_seen_s.get(pending.dispatcher_id)
                 if (seen is not None and not pending.has_first_event and not pending.is_resubmitting
                         and now_s - seen > DISPATCHER_TIMEOUT_S):
@@ -195,6 +203,7 @@ class GatewayService(Service):
             return  # late events of a request already ended (cancelled, timed out, or submitted again)
         for ready in pending.assembler.push(event):
             pending.queue.put_nowait(ready)
+        pending.assembler.note_time(time.monotonic())
 
     # --- lifecycle ---
     def load_models(self) -> None:

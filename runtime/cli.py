@@ -56,8 +56,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging("WARNING")
     cluster = load_cluster_config(settings.config)
+    if args.nats_nodes > 1 and cluster.jetstream_replicas == 1:
+        cluster = cluster.model_copy(update={"jetstream_replicas": min(3, args.nats_nodes)})
     return asyncio.run(run_up(settings, cluster, config_path=settings.config, gateway_port=args.port,
-                              num_workers=args.workers))
+                              num_workers=args.workers, num_nats_nodes=args.nats_nodes))
 
 
 def cmd_contracts(args: argparse.Namespace) -> int:
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="gateway port (0 picks a free one; default from config: 8000)")
     up.add_argument("--workers", type=int, help="number of worker processes")
     up.add_argument("--state-dir", type=Path, help="where models, NATS data and logs go (default .janus)")
+    up.add_argument("--nats-nodes", type=int, default=1, help="run NATS as a cluster of this many nodes")
     up.set_defaults(fn=cmd_up)
 
     serve = sub.add_parser("serve", help="run one service (what docker-compose and `janus up` run)")

@@ -1,39 +1,72 @@
-"""JetStream set-up shared by services: the PLANS stream and the `instances` KV bucket, created idempotently."""
+"""JetStream set-up shared by services: the PLANS stream and the `instances` KV bucket, created idempotently.
+
+A fresh or recovering NATS cluster answers JetStream requests only once it has a meta leader, so set-up retries
+for a while instead of failing the service at start."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 log = logging.getLogger("janus.jetstream")
 
+_NOT_READY = (NoRespondersError, NoStreamResponseError, NatsTimeoutError, asyncio.TimeoutError, ServiceUnavailableError)
 
-async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = None):
+
+async def _retrying(op, what: str, timeout_s: float):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await op()
+        except _NOT_READY as exc:
+            if loop.time() > deadline:
+                raise RuntimeError(f"JetStream did not answer for {what} within {timeout_s} s: {exc!r}") from exc
+            await asyncio.sleep(0.25)
+
+
+async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = None, num_replicas: int = 1,
+                    timeout_s: float = 30.0):
     """The bucket, created when missing. Several services may race to create it: the loser just opens it."""
-    for _ in range(5):
+
+    async def once():
         try:
             return await js.key_value(bucket)
         except (BucketNotFoundError, NotFoundError):
             pass
         try:
             return await js.create_key_value(KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s,
-                                                            storage=StorageType.FILE))
+                                                            storage=StorageType.FILE, replicas=num_replicas))
         except BadRequestError:
-            await asyncio.sleep(0.05)  # created meanwhile by someone else
-    return await js.key_value(bucket)
+            return await js.key_value(bucket)  # created meanwhile by someone else
+
+    return await _retrying(once, f"KV bucket {bucket}", timeout_s)
 
 
 async def ensure_stream(js, name: str, subjects: list[str], *, max_age_s: float | None = None,
-                        num_replicas: int = 1) -> None:
+                        num_replicas: int = 1, timeout_s: float = 30.0) -> None:
     config = StreamConfig(name=name, subjects=subjects, max_age=max_age_s, storage=StorageType.FILE,
                           num_replicas=num_replicas)
-    try:
-        await js.stream_info(name)
-        await js.update_stream(config)
-    except NotFoundError:
+
+    async def once():
         try:
-            await js.add_stream(config)
-        except BadRequestError:
-            log.debug("stream %s created concurrently", name)
+            await js.stream_info(name)
+            await js.update_stream(config)
+        except NotFoundError:
+            try:
+                await js.add_stream(config)
+            except BadRequestError:
+                log.debug("stream %s created concurrently", name)
+
+    await _retrying(once, f"stream {name}", timeout_s)
+
+
+async def instances_bucket(js, cluster) -> object:
+    """The `instances` registry, replicated as the cluster config says (3 on a three-node NATS cluster)."""
+    from contracts import subjects
+
+    return await ensure_kv(js, subjects.INSTANCES_BUCKET, num_replicas=cluster.jetstream_replicas)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from contracts import HealthReply, subjects
 
 from .bus import Bus
@@ -46,25 +48,27 @@ class Cluster:
     """The processes of one local cluster."""
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig, *, config_path: Path | None,
-                 gateway_port: int | None = None, num_workers: int | None = None) -> None:
+                 gateway_port: int | None = None, num_workers: int | None = None, num_nats_nodes: int = 1) -> None:
         self.settings = settings
         self.cluster = cluster
-        self.config_path = config_path
+        self.state_dir = Path(settings.state_dir)
+        # the children read the effective config (command-line overrides included) from one file
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.state_dir / "cluster.effective.yaml"
+        self.config_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
         self.gateway_port = cluster.gateway.port if gateway_port is None else gateway_port
         self.num_workers = num_workers or cluster.workers.count
-        self.state_dir = Path(settings.state_dir)
         # every service gets its own NATS user, allowed only the subjects its job needs (runtime/security.py)
         self.credentials = load_or_create_credentials(self.state_dir / "credentials.json")
         nats_conf = write_nats_config(self.state_dir / "nats.conf", self.credentials)
-        self.nats = EmbeddedNats(self.state_dir / "nats", extra_args=["-c", str(nats_conf)])
+        self.nats_nodes = nats_cluster(self.state_dir, num_nats_nodes, ["-c", str(nats_conf)])
+        self.nats = self.nats_nodes[0]
         self.children: list[Child] = []
         self.gateway_url: str | None = None
 
     def _serve_args(self, service: str, instance: str, extra: list[str] | None = None) -> list[str]:
-        args = [sys.executable, "-m", "runtime.cli", "serve", service, "--nats", self.nats.url, "--id", instance]
-        if self.config_path:
-            args += ["--config", str(self.config_path)]
-        return args + (extra or [])
+        args = [sys.executable, "-m", "runtime.cli", "serve", service, "--nats", self.nats_url, "--id", instance]
+        return args + ["--config", str(self.config_path)] + (extra or [])
 
     def plan_children(self) -> list[Child]:
         services = available_services()
@@ -74,7 +78,8 @@ class Cluster:
         for name in services:
             if name in ("worker", "gateway"):
                 continue
-            children.append(Child(name, f"{name}-0", self._serve_args(name, f"{name}-0")))
+            for i in range(self.cluster.replicas.get(name, 1)):
+                children.append(Child(name, f"{name}-{i}", self._serve_args(name, f"{name}-{i}")))
         children.append(Child("gateway", "gateway-0",
                               self._serve_args("gateway", "gateway-0", ["--port", str(self.gateway_port)])))
         return children
@@ -94,7 +99,8 @@ class Cluster:
     async def start(self, timeout_s: float = 180.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ensure_demo_models(self.cluster, self.settings.models_dir)
-        self.nats.start()
+        for node in self.nats_nodes:
+            node.start()
         self.children = self.plan_children()
         for child in self.children:
             self.spawn(child)
@@ -125,7 +131,12 @@ class Cluster:
             await bus.close()
 
     async def operator_bus(self) -> Bus:
-        return await Bus.connect(self.nats.url, "launcher", user="operator", password=self.credentials["operator"])
+        return await Bus.connect(self.nats_url, "launcher", user="operator", password=self.credentials["operator"])
+
+    @property
+    def nats_url(self) -> str:
+        """Every node's URL: clients fail over between them."""
+        return ",".join(node.url for node in self.nats_nodes if node.port is not None)
 
     def restart_crashed(self, max_num_restarts: int = 5) -> list[str]:
         """Restart children that died on their own; returns what was restarted."""
@@ -158,7 +169,28 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait()
-        self.nats.stop()
+        for node in self.nats_nodes:
+            node.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def nats_cluster(state_dir: Path, num_nodes: int, extra_args: list[str]) -> list[EmbeddedNats]:
+    """One node, or a cluster of nodes routed to each other (JetStream replicated across them)."""
+    if num_nodes == 1:
+        return [EmbeddedNats(state_dir / "nats", extra_args=extra_args)]
+    route_ports = [_free_port() for _ in range(num_nodes)]
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in route_ports)
+    return [EmbeddedNats(state_dir / f"nats-{i}", name=f"janus-nats-{i}",
+                         extra_args=[*extra_args, "--cluster_name", "janus", "--cluster",
+                                     f"nats://127.0.0.1:{route_ports[i]}", "--routes", routes])
+            for i in range(num_nodes)]
 
 
 def _tail(path: Path | None, num_bytes: int = 3000) -> str:
@@ -169,8 +201,9 @@ def _tail(path: Path | None, num_bytes: int = 3000) -> str:
 
 
 async def run_up(settings: JanusSettings, cluster: ClusterConfig, *, config_path: Path | None,
-                 gateway_port: int | None, num_workers: int | None) -> int:
-    local = Cluster(settings, cluster, config_path=config_path, gateway_port=gateway_port, num_workers=num_workers)
+                 gateway_port: int | None, num_workers: int | None, num_nats_nodes: int = 1) -> int:
+    local = Cluster(settings, cluster, config_path=config_path, gateway_port=gateway_port, num_workers=num_workers,
+                    num_nats_nodes=num_nats_nodes)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -180,7 +213,7 @@ async def run_up(settings: JanusSettings, cluster: ClusterConfig, *, config_path
               f"{local.num_workers} workers), state in {local.state_dir} ...", flush=True)
         await local.start()
         models = ", ".join(m.name for m in cluster.models)
-        print(f"janus: NATS at {local.nats.url}", flush=True)
+        print(f"janus: NATS at {local.nats_url}", flush=True)
         print(f"janus: gateway at {local.gateway_url}  (models: {models})", flush=True)
         print(f"janus: try  curl {local.gateway_url}/v1/models   — Ctrl-C stops everything", flush=True)
         while not stop.is_set():

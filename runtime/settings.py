@@ -69,6 +69,9 @@ class ClusterConfig(Frozen):
     ])
     workers: WorkersSpec = WorkersSpec()
     gateway: GatewaySpec = GatewaySpec()
+    replicas: dict[str, int] = Field(default_factory=dict, description="copies of a service `janus up` starts "
+                                     "(workers: workers.count)")
+    jetstream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a three-node NATS cluster")
     dispatcher: dict = Field(default_factory=dict, description="DispatchPolicy knobs")
     planner: dict = Field(default_factory=dict, description="planner policy knobs")
     oracle: dict = Field(default_factory=dict, description="oracle knobs")

@@ -12,6 +12,18 @@ class StreamAssembler:
         self._held: dict[int, Event] = {}
         self.is_terminal = False
         self.num_duplicates = 0
+        self._gap_since_s: float | None = None
+
+    def gap_age_s(self, now_s: float) -> float:
+        """How long events have waited behind a missing one (0 without a gap). A bus failover can lose a message
+        in flight (NATS core is at-most-once); the caller ends a request whose gap does not close."""
+        return 0.0 if self._gap_since_s is None else now_s - self._gap_since_s
+
+    def note_time(self, now_s: float) -> None:
+        if self._held and self._gap_since_s is None:
+            self._gap_since_s = now_s
+        elif not self._held:
+            self._gap_since_s = None
 
     def push(self, event: Event) -> list[Event]:
         """Events now deliverable in order. A terminal event ends the stream; nothing after it is delivered.

@@ -35,3 +35,16 @@ def test_a_failure_ends_the_stream_at_once_whatever_its_number():
     fail = RequestFailed(request_id="r", seq=0, error=ErrorInfo(code=ErrorCode.INSTANCE_FAILED, message="dead"))
     out = a.push(fail)
     assert [type(e).__name__ for e in out] == ["TokenChunk", "RequestFailed"] and a.is_terminal
+
+
+def test_a_gap_is_timed_until_it_closes():
+    a = StreamAssembler()
+    a.push(chunk(0))
+    a.note_time(10.0)
+    assert a.gap_age_s(11.0) == 0.0
+    a.push(chunk(2))
+    a.note_time(12.0)
+    assert a.gap_age_s(15.0) == 3.0
+    a.push(chunk(1))
+    a.note_time(15.5)
+    assert a.gap_age_s(20.0) == 0.0

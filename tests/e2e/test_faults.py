@@ -1,0 +1,81 @@
+"""Fault injection with real processes and a real nats-server: kill -9 a worker, a dispatcher, the NATS server, a
+node of a three-node NATS cluster. Each run reports requests sent, completed, failed with a reason, and lost; lost
+must be 0, and what completed must be whole."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from .faults import LONG, cluster_config, kill9, load, report, start
+
+pytestmark = pytest.mark.slow
+
+
+async def _wait_first_tokens(task_started_s: float = 1.5) -> None:
+    await asyncio.sleep(task_started_s)
+
+
+async def test_worker_killed_mid_stream(tmp_path, demo_models_dir):
+    cluster = await start(tmp_path, cluster_config(demo_models_dir))
+    try:
+        running = asyncio.create_task(load(cluster.gateway_url, 16))
+        await _wait_first_tokens()
+        kill9(cluster, "worker-0")
+        outcomes = await running
+        summary = report("worker killed mid-stream", outcomes)
+        assert summary["lost"] == 0
+        assert set(summary["failure_codes"]) <= {"instance_failed"}
+        assert all(o.num_tokens == LONG["max_tokens"] for o in outcomes if o.status == "completed")
+        assert summary["completed"] >= 1  # the survivor's requests (and the re-dispatched ones) finish
+        # afterwards the dead worker is out of rotation: everything completes on the survivor
+        after = report("after the kill", await load(cluster.gateway_url, 6, {**LONG, "max_tokens": 20}))
+        assert after["completed"] == 6
+    finally:
+        cluster.stop()
+
+
+async def test_dispatcher_killed_with_requests_queued(tmp_path, demo_models_dir):
+    config = cluster_config(demo_models_dir, replicas={"dispatcher": 2}, workers={"count": 1, "max_num_seqs": 2})
+    cluster = await start(tmp_path, config)
+    try:
+        running = asyncio.create_task(load(cluster.gateway_url, 16, {**LONG, "max_tokens": 60}))
+        await asyncio.sleep(1.0)
+        kill9(cluster, "dispatcher-0")
+        outcomes = await running
+        summary = report("dispatcher killed", outcomes)
+        assert summary["lost"] == 0 and summary["failed"] == 0
+        assert all(o.num_tokens == 60 for o in outcomes)
+    finally:
+        cluster.stop()
+
+
+async def test_nats_server_restarted_under_load(tmp_path, demo_models_dir):
+    cluster = await start(tmp_path, cluster_config(demo_models_dir))
+    try:
+        running = asyncio.create_task(load(cluster.gateway_url, 12, {**LONG, "max_tokens": 150}, stagger_s=0.1))
+        await asyncio.sleep(1.5)
+        cluster.nats.restart()
+        outcomes = await running
+        summary = report("nats-server restarted", outcomes)
+        assert summary["lost"] == 0
+        after = report("after the restart", await load(cluster.gateway_url, 6, {**LONG, "max_tokens": 20}))
+        assert after["completed"] == 6
+    finally:
+        cluster.stop()
+
+
+async def test_three_node_nats_cluster_loses_a_node(tmp_path, demo_models_dir):
+    config = cluster_config(demo_models_dir, jetstream_replicas=3)
+    cluster = await start(tmp_path, config, num_nats_nodes=3)
+    try:
+        running = asyncio.create_task(load(cluster.gateway_url, 12, {**LONG, "max_tokens": 150}, stagger_s=0.1))
+        await asyncio.sleep(1.5)
+        cluster.nats_nodes[0].kill()
+        outcomes = await running
+        summary = report("one of three NATS nodes killed", outcomes)
+        assert summary["lost"] == 0
+        after = report("after the node loss", await load(cluster.gateway_url, 6, {**LONG, "max_tokens": 20}))
+        assert after["completed"] == 6
+    finally:
+        cluster.stop()
