@@ -38,6 +38,7 @@ from .core.core import DispatcherCore
 from .core.effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
+from .metrics import ASSIGNED, QUEUE_DEPTH, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
 
 log = logging.getLogger("janus.dispatcher")
 
@@ -107,6 +108,7 @@ class DispatcherService(Service):
         if own is not None:
             self._requests.pop(req.request_id, None)
             self.num_rejected += 1
+            REJECTED.labels(own.model, own.code.value).inc()
             return SubmitAck(request_id=req.request_id, status="rejected", error=own.error_info(),
                              dispatcher_id=self.instance)
         return SubmitAck(request_id=req.request_id, status="queued", queue_depth=self.core.queue_depth(req.model),
@@ -221,9 +223,16 @@ class DispatcherService(Service):
             elif isinstance(effect, Reject):
                 await self._reject(effect)
             elif isinstance(effect, PublishLoad):
-                await self.bus.publish(subjects.model_telemetry(effect.window.model), effect.window,
-                                       propagate=False)
-            elif isinstance(effect, (Requeued, Relaxed)):
+                window = effect.window
+                QUEUE_DEPTH.labels(window.model).set(window.queue_depth)
+                REQUEST_RATE.labels(window.model).set(window.request_rate_rps)
+                if window.ttft_attainment is not None:
+                    TTFT_ATTAINMENT.labels(window.model).set(window.ttft_attainment)
+                await self.bus.publish(subjects.model_telemetry(window.model), window, propagate=False)
+            elif isinstance(effect, Requeued):
+                REQUEUED.labels(effect.model).inc()
+                log.info("%s", effect)
+            elif isinstance(effect, Relaxed):
                 log.info("%s", effect)
 
     async def _assign(self, a: Assign) -> None:
@@ -241,10 +250,12 @@ class DispatcherService(Service):
             span.set_attribute("janus.predicted_prefill_ms", a.predicted_prefill_ms)
             await self.bus.publish(subjects.worker_run(a.worker_id), run)
         self.num_assigned += 1
+        ASSIGNED.labels(a.model, str(a.is_late).lower()).inc()
 
     async def _reject(self, r: Reject) -> None:
         req = self._requests.pop(r.request_id, None)
         self.num_rejected += 1
+        REJECTED.labels(r.model, r.code.value).inc()
         if req is None:
             return
         await self.bus.publish(req.reply_subject, RequestFailed(request_id=r.request_id, seq=0,

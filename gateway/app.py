@@ -9,10 +9,12 @@ from typing import AsyncIterator, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, TokenChunk
+from runtime.metrics import REGISTRY
 
 from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
 from .core.api import ChatBody, CompletionBody, field_of
@@ -94,6 +96,10 @@ def create_app(backend: Backend) -> FastAPI:
             return JSONResponse(error_body(ErrorCode.PAYLOAD_TOO_LARGE,
                                            f"the body has {length} bytes; at most {backend.max_request_bytes}"), 413)
         return await call_next(request)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict:

@@ -36,6 +36,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 from .app import Event, create_app
 from .core.admission import ServedModel
 from .core.limits import TenantLimiter
+from .metrics import IN_FLIGHT, observe_request
 from .core.stream import StreamAssembler
 
 log = logging.getLogger("janus.gateway")
@@ -47,6 +48,34 @@ MAX_NUM_SUBMISSIONS = 3
 # tokens waiting this long behind a missing one: the missing one is gone (ends the request with a clear error)
 STREAM_GAP_TIMEOUT_S = 3.0
 _RESUBMIT = object()
+
+
+@dataclass
+class _Meter:
+    """What one request looked like from the gateway, for its Prometheus series."""
+
+    started_s: float
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    num_tokens: int = 0
+    status: str = "lost"
+
+    def see(self, event: object, now_s: float) -> None:
+        if isinstance(event, TokenChunk):
+            if self.first_token_s is None:
+                self.first_token_s = now_s
+            self.last_token_s = now_s
+            self.num_tokens += len(event.token_ids)
+        elif isinstance(event, RequestFailed):
+            self.status = event.error.code.value
+        else:
+            self.status = "ok"
+
+    def record(self, request: GenerateRequest) -> None:
+        ttft = None if self.first_token_s is None else self.first_token_s - self.started_s
+        last = None if self.last_token_s is None else self.last_token_s - self.started_s
+        observe_request(request.model, request.tenant, self.status, ttft_s=ttft, last_token_s=last,
+                        num_tokens=self.num_tokens)
 
 
 @dataclass
@@ -112,6 +141,8 @@ class GatewayService(Service):
         pending = _Pending(request_id=request.request_id)
         is_terminal = False
         attempt = request
+        meter = _Meter(time.monotonic())
+        IN_FLIGHT.labels(request.model).inc()
         try:
             for submission in range(MAX_NUM_SUBMISSIONS):
                 if submission:
@@ -125,12 +156,14 @@ class GatewayService(Service):
                     ack = await self.bus.request(subjects.req(request.model), attempt, SubmitAck, timeout_s=5.0)
                 except BusError as exc:
                     is_terminal = True
+                    meter.status = exc.error.code.value
                     yield RequestFailed(request_id=request.request_id, seq=0, error=exc.error)
                     return
                 if ack.status == "rejected":
                     is_terminal = True
-                    yield RequestFailed(request_id=request.request_id, seq=0, error=ack.error or ErrorInfo(
-                        code=ErrorCode.OVERLOADED, message="the dispatcher refused the request"))
+                    err = ack.error or ErrorInfo(code=ErrorCode.OVERLOADED, message="the dispatcher refused it")
+                    meter.status = err.code.value
+                    yield RequestFailed(request_id=request.request_id, seq=0, error=err)
                     return
                 pending.dispatcher_id = ack.dispatcher_id
                 async for event in self._events_of(pending, request):
@@ -138,6 +171,7 @@ class GatewayService(Service):
                         break
                     if not isinstance(event, TokenChunk):
                         is_terminal = True
+                    meter.see(event, time.monotonic())
                     yield event
                     if is_terminal:
                         return
@@ -146,13 +180,17 @@ class GatewayService(Service):
                 self._pending.pop(attempt.request_id, None)
                 await self._cancel(attempt.request_id)
             is_terminal = True
+            meter.status = ErrorCode.UNAVAILABLE.value
             yield RequestFailed(request_id=request.request_id, seq=0, error=ErrorInfo(
                 code=ErrorCode.UNAVAILABLE, retryable=True,
                 message=f"dispatchers failed {MAX_NUM_SUBMISSIONS} times before the first token"))
         finally:
             self._pending.pop(attempt.request_id, None)
+            IN_FLIGHT.labels(request.model).dec()
             if not is_terminal:
+                meter.status = "cancelled"
                 await self._cancel(attempt.request_id)  # the consumer stopped early: the client went away
+            meter.record(request)
 
     async def _events_of(self, pending: "_Pending", request: GenerateRequest) -> AsyncIterator[object]:
         deadline = time.monotonic() + self.request_timeout_s
@@ -205,6 +243,9 @@ class GatewayService(Service):
             pending.queue.put_nowait(ready)
         pending.assembler.note_time(time.monotonic())
 
+    def start_metrics(self) -> None:
+        """The gateway serves /metrics on its own HTTP port."""
+
     # --- lifecycle ---
     def load_models(self) -> None:
         from worker.engine.tokenizer import TextTokenizer  # torch-free
@@ -237,6 +278,7 @@ class GatewayService(Service):
             await asyncio.sleep(0.01)
         sock = self._server.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
+        self.metrics_url = f"{self.url}/metrics"
         log.info("gateway listening on %s", self.url)
 
     @property

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from contracts import HealthReply, subjects
 
 from .bus import Bus, Envelope
+from .metrics import MetricsServer
 from .settings import ClusterConfig, JanusSettings
 from .tracing import setup_tracing
 
@@ -33,6 +34,7 @@ class Service(ABC):
         self.started_monotonic = time.monotonic()
         self.is_stopping = False
         self.stopped = asyncio.Event()
+        self.metrics_url = ""
 
     @property
     def instance(self) -> str:
@@ -50,8 +52,21 @@ class Service(ABC):
 
     def health(self) -> HealthReply:
         status = "stopping" if self.is_stopping else "ok"
+        detail = {**self.health_detail(), **({"metrics": self.metrics_url} if self.metrics_url else {})}
         return HealthReply(service=self.name, instance=self.instance, status=status,
-                           uptime_s=time.monotonic() - self.started_monotonic, detail=self.health_detail())
+                           uptime_s=time.monotonic() - self.started_monotonic, detail=detail)
+
+    def start_metrics(self) -> None:
+        """Serve /metrics for Prometheus (services with an HTTP server of their own override this)."""
+        if self.settings.metrics_port is not None:
+            server = MetricsServer(self.settings.metrics_host, self.settings.metrics_port)
+            self._metrics_server = server
+            self.metrics_url = server.url
+
+    def stop_metrics(self) -> None:
+        server = getattr(self, "_metrics_server", None)
+        if server is not None:
+            server.stop()
 
     async def _serve_health(self, bus: Bus) -> None:
         async def answer(_: object, env: Envelope) -> HealthReply:
@@ -93,6 +108,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stopped.set)
     try:
+        service.start_metrics()
         await service.start(bus)
         await service._serve_health(bus)  # healthy means started: `janus up` waits for this
         log.info("%s %s started", service.name, service.instance)
@@ -103,6 +119,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
         try:
             await service.stop()
         finally:
+            service.stop_metrics()
             await bus.close()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):

@@ -95,6 +95,9 @@ class JanusSettings(BaseSettings):
     state_dir: Path = Path(".janus")
     instance: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    metrics_port: int | None = Field(default=0, description="/metrics listener of services without HTTP; 0 picks "
+                                     "a free port, None turns it off")
+    metrics_host: str = "127.0.0.1"
 
     @property
     def models_dir(self) -> Path:

@@ -103,3 +103,32 @@ async def test_one_request_is_one_trace_across_gateway_dispatcher_and_worker(ech
     names = {s.name for s in spans if s.context.trace_id == trace_id}
     assert {"gateway completions", "dispatcher janus.req.demo-tiny", "dispatcher assign",
             "worker generate"} <= names, names
+
+
+def _samples(text: str, name: str) -> list[tuple[str, float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out.append((key, float(value)))
+    return out
+
+
+async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(echo_cluster):
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        for _ in range(3):
+            r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [9, 8], "max_tokens": 3})
+            assert r.status_code == 200
+        gw = (await client.get("/metrics")).text
+        disp = (await client.get(echo_cluster.dispatcher.metrics_url)).text
+    ok = [v for k, v in _samples(gw, "janus_gateway_requests_total") if 'model="demo-tiny"' in k and 'status="ok"' in k]
+    assert ok and ok[0] >= 3
+    ttft_count = [v for k, v in _samples(gw, "janus_gateway_ttft_seconds_count") if 'model="demo-tiny"' in k]
+    assert ttft_count and ttft_count[0] >= 3
+    ttft_sum = [v for k, v in _samples(gw, "janus_gateway_ttft_seconds_sum") if 'model="demo-tiny"' in k]
+    assert 0 < ttft_sum[0] / ttft_count[0] < 5.0  # seconds: a plausible mean TTFT for the echo engine
+    tokens = [v for k, v in _samples(gw, "janus_gateway_output_tokens_total") if 'model="demo-tiny"' in k]
+    assert tokens and tokens[0] >= 9
+    assigned = [v for k, v in _samples(disp, "janus_dispatcher_assignments_total") if 'model="demo-tiny"' in k]
+    assert assigned and sum(assigned) >= 3
+    assert _samples(disp, "janus_dispatcher_queue_depth")
