@@ -5,6 +5,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Protocol
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from .core.limits import TenantLimiter
 from .core.responses import Completion, chunk_body, final_body, usage_chunk
 
 Event = TokenChunk | RequestDone | RequestFailed
+STATUS_PAGE = Path(__file__).with_name("status_page.html")
 
 
 class Backend(Protocol):
@@ -39,6 +41,8 @@ class Backend(Protocol):
     def current_traceparent(self) -> str: ...
 
     def start_request_span(self, name: str): ...
+
+    def status_snapshot(self) -> dict: ...
 
 
 def _tenant(backend: Backend, request: Request) -> str:
@@ -100,6 +104,14 @@ def create_app(backend: Backend) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/status", include_in_schema=False)
+    async def status_page() -> Response:
+        return Response(STATUS_PAGE.read_bytes(), media_type="text/html; charset=utf-8")
+
+    @app.get("/status.json", include_in_schema=False)
+    async def status_json() -> dict:
+        return backend.status_snapshot()
 
     @app.get("/health")
     async def health() -> dict:

@@ -30,6 +30,7 @@ from contracts import (
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.catalog import max_model_len, model_dir
+from runtime.cluster_view import ClusterView
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -121,6 +122,7 @@ class GatewayService(Service):
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
         self._tracer = tracing.tracer("janus.gateway")
+        self.view = ClusterView()
         self.app = create_app(self)
 
     # --- Backend (what the HTTP app needs) ---
@@ -132,6 +134,9 @@ class GatewayService(Service):
 
     def start_request_span(self, name: str):
         return self._tracer.start_as_current_span(name)
+
+    def status_snapshot(self) -> dict:
+        return self.view.snapshot()
 
     async def submit(self, request: GenerateRequest) -> AsyncIterator[Event]:
         """Submit and yield the request's events, ending with exactly one terminal event.
@@ -263,6 +268,7 @@ class GatewayService(Service):
         await bus.subscribe(subjects.DISPATCHER_TELEMETRY_WILDCARD, DispatcherHeartbeat,
                             self._on_dispatcher_heartbeat, traced=False)
         self._watchdog = asyncio.create_task(self._watch_dispatchers())
+        await self.view.attach(bus)  # for the read-only status page
         gw = self.cluster.gateway
         # no access log: it would hold request lines and, behind proxies, keys; metrics and traces cover it
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off",
@@ -290,6 +296,7 @@ class GatewayService(Service):
         """Stop accepting connections; streams in flight finish (uvicorn waits for them)."""
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.cancel()
+        await self.view.detach()
         if self._server is not None:
             self._server.should_exit = True
         if self._server_task is not None:

@@ -101,6 +101,7 @@ class Cluster:
         ensure_demo_models(self.cluster, self.settings.models_dir)
         for node in self.nats_nodes:
             node.start()
+        (self.state_dir / "nats.url").write_text(self.nats_url)  # for `janus status` and `janus audit`
         self.children = self.plan_children()
         for child in self.children:
             self.spawn(child)

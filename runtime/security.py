@@ -26,9 +26,9 @@ class Permissions:
 
 
 SERVICE_PERMISSIONS: dict[str, Permissions] = {
-    "gateway": Permissions(
-        publish=("janus.req.*", "janus.cancel", INBOX),
-        subscribe=("janus.reply.>", "janus.telemetry.dispatcher.*", INBOX, HEALTH)),
+    "gateway": Permissions(  # reads telemetry, lifecycle events and plans for its read-only status page
+        publish=("janus.req.*", "janus.cancel", JS_API, INBOX),
+        subscribe=("janus.reply.>", "janus.telemetry.>", "janus.plan.>", "janus.event.lifecycle", INBOX, HEALTH)),
     "dispatcher": Permissions(
         publish=("janus.worker.*.run", "janus.reply.>", "janus.telemetry.model.*", "janus.telemetry.dispatcher.*",
                  JS_API, INBOX),

@@ -18,6 +18,13 @@ if need_ibverbs; then
   fi
 fi
 
+# Debian chromium: the status page is tested in headless Chromium (the test says so and skips without it)
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  echo "setup: installing chromium (headless browser for the status-page test)"
+  apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
+    || echo "setup: chromium could not be installed; the status-page browser test will be skipped" >&2
+fi
+
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.janus-installed"
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
