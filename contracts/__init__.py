@@ -23,7 +23,7 @@ from .oracle import (
     ElasticityReply,
     NeedVector,
 )
-from .plans import BinAssignment, ElasticPlan, ElasticTarget, Move, PlanAction, SteadyPlan
+from .plans import BinAssignment, ElasticPlan, ElasticTarget, Move, PlanAction, PlanStatus, SteadyPlan
 from .registry import InstanceRecord
 from .requests import CancelRequest, GenerateRequest, SamplingParams, SubmitAck
 from .stream import STREAM_EVENT, RequestDone, RequestFailed, StreamEvent, TokenChunk

@@ -9,7 +9,7 @@ from . import subjects as s
 from .health import DispatcherHeartbeat, HealthReply
 from .lifecycle import LifecycleCommand, LifecycleEvent, LifecycleReply
 from .oracle import CapacityQuery, CapacityReply, ElasticityQuery, ElasticityReply
-from .plans import ElasticPlan, PlanAction, SteadyPlan
+from .plans import ElasticPlan, PlanAction, PlanStatus, SteadyPlan
 from .registry import InstanceRecord
 from .requests import CancelRequest, GenerateRequest, SubmitAck
 from .stream import StreamEvent
@@ -40,6 +40,7 @@ ROUTES: tuple[Route, ...] = (
     Route(s.PLAN_STEADY, "steady planner", "reconciler, auditors (stream PLANS)", SteadyPlan),
     Route(s.PLAN_ELASTIC, "elastic scaler", "reconciler, auditors (stream PLANS)", ElasticPlan),
     Route(s.PLAN_ACTION, "reconciler", "auditors (stream PLANS)", PlanAction),
+    Route(s.PLAN_STATUS, "reconciler", "auditors (stream PLANS)", PlanStatus),
     Route(f"{s.PREFIX}.worker.<worker>.cmd", "reconciler", "worker", LifecycleCommand, LifecycleReply),
     Route(s.LIFECYCLE_EVENT, "worker", "all", LifecycleEvent),
     Route(f"KV {s.INSTANCES_BUCKET}/<instance>", "reconciler, workers", "dispatcher", InstanceRecord),

@@ -36,6 +36,8 @@ class SteadyPlan(Message):
     moves: tuple[Move, ...] = ()
     loads: tuple[ModelLoadWindow, ...] = ()
     predictions: tuple[CapacityPrediction, ...] = ()
+    unplaced_models: tuple[str, ...] = Field(default=(), description="wanted in the steady pool, no device left")
+    pool_reasons: dict[str, str] = Field(default_factory=dict, description="model -> why it is in its pool")
     reason: str = ""
     decision_ms: float = Field(default=0.0, ge=0)
     is_observe_only: bool = False
@@ -73,8 +75,20 @@ class PlanAction(Message):
     model: str
     instance_id: str
     action: LifecycleAction
-    status: Literal["issued", "succeeded", "failed", "retrying", "timed_out"]
+    status: Literal["issued", "succeeded", "failed", "retrying", "timed_out", "cancelled"]
     attempt: int = Field(default=1, ge=1)
     reason: str = ""
     error: ErrorInfo | None = None
     unix_ms: float
+
+
+class PlanStatus(Message):
+    """A plan's progress (janus.plan.status): done (every instance it wants is ready), superseded (a newer plan of
+    its kind came first), blocked (something it wants cannot be issued now: the detail says what), ignored
+    (observe-only)."""
+
+    plan_id: str
+    kind: Literal["steady", "elastic"]
+    status: Literal["done", "superseded", "blocked", "ignored"]
+    unix_ms: float
+    detail: str = ""

@@ -28,6 +28,7 @@ ORACLE_QUEUE = "oracles"
 PLAN_STEADY = f"{PREFIX}.plan.steady"
 PLAN_ELASTIC = f"{PREFIX}.plan.elastic"
 PLAN_ACTION = f"{PREFIX}.plan.action"  # reconciler: a command issued for a plan, and its outcome
+PLAN_STATUS = f"{PREFIX}.plan.status"  # reconciler: a plan done, superseded, blocked or ignored
 PLAN_WILDCARD = f"{PREFIX}.plan.>"
 PLANS_STREAM = "PLANS"
 # health: every service answers on its own subject and on the broadcast one

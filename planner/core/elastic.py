@@ -1,0 +1,157 @@
+"""The elastic scaler (fast path, every 0.5 s): replica counts for the elastic models from the Elasticity
+predictions, within the devices the steady pool leaves, split into prefill and decode instances, debounced."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from contracts import ElasticPlan, ElasticTarget, LoadFeatures, ModelLoadWindow
+
+from .debounce import Debouncer
+from .load_book import LoadBook
+from .oracle_port import OracleLike
+from .policy import ElasticPolicy
+from .replica_search import ReplicaSearch, search_min_replicas
+from .rounding import largest_remainder, scale_to_budget
+
+PD = tuple[int, int]  # (num_prefill, num_decode); num_decode == 0 means colocated instances
+
+
+def num_devices(pd: PD) -> int:
+    return pd[0] + pd[1]
+
+
+def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: ElasticPolicy) -> PD:
+    """Share `num_instances` single-model devices between prefill and decode in proportion to the device time each
+    phase takes (input tokens vs output tokens weighted by `decode_token_cost_ratio`), at least one of each. Below
+    `min_num_disaggregated` instances, P/D is not worth its transfer: that many colocated instances."""
+    if num_instances <= 0:
+        return (0, 0)
+    if num_instances < policy.min_num_disaggregated:
+        return (num_instances, 0)
+    prefill_work = features.input_len_mean
+    decode_work = features.output_len_mean * policy.decode_token_cost_ratio
+    weights = [prefill_work, decode_work] if prefill_work + decode_work > 0 else [1.0, 1.0]
+    num_prefill = largest_remainder(weights, num_instances)[0]
+    num_prefill = min(max(num_prefill, 1), num_instances - 1)
+    return (num_prefill, num_instances - num_prefill)
+
+
+@dataclass(frozen=True)
+class ElasticDecision:
+    plan: ElasticPlan
+    searches: Mapping[str, ReplicaSearch]
+    held_models: tuple[str, ...]
+
+
+class ElasticScaler:
+    """Call `observe` with every load window and `tick(now_ms, elastic_models, budget_devices)` every period."""
+
+    def __init__(
+        self,
+        oracle: OracleLike,
+        policy: ElasticPolicy | None = None,
+        id_prefix: str = "elastic",
+        is_observe_only: bool = False,
+    ) -> None:
+        self.oracle = oracle
+        self.policy = policy or ElasticPolicy()
+        self._loads = LoadBook()
+        self._debouncer: Debouncer[str] = Debouncer((0, 0))
+        self._num_plans = 0
+        self._id_prefix = id_prefix
+        self.is_observe_only = is_observe_only
+
+    def observe(self, window: ModelLoadWindow) -> None:
+        """A dispatcher's load window (windows of several dispatchers add up)."""
+        self._loads.observe(window)
+
+    def load(self, model: str, now_ms: float | None = None) -> ModelLoadWindow | None:
+        return self._loads.merged(model, now_ms)
+
+    def tick(self, now_ms: float, elastic_models: Sequence[str], budget_devices: int) -> ElasticDecision:
+        if budget_devices < 0:
+            raise ValueError(f"budget_devices must be >= 0, got {budget_devices}")
+        p = self.policy
+        models = sorted(set(elastic_models))
+        loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
+        busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
+        searches = search_min_replicas(
+            self.oracle,
+            {m: loads[m].features for m in busy},
+            p.target_attainment,
+            p.k_sigma,
+            p.max_num_replicas,
+            mode=p.search_mode,  # type: ignore[arg-type]
+            saturation_eps=p.saturation_eps,
+        )
+        desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
+        token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
+        allotted = scale_to_budget(desired, budget_devices, priority=token_rate)
+        is_scaled_down = allotted != desired
+        busy_set = set(busy)
+        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (0, 0)
+               for m in models}
+
+        notes: list[str] = []
+        held: set[str] = set()
+        applied = raw
+        if p.is_debounced:
+            applied, held = self._debouncer.step(raw)
+            if sum(num_devices(v) for v in applied.values()) > budget_devices:
+                # Holding old counts would overrun a budget that just shrank: the budget wins.
+                applied, held = raw, set()
+                self._debouncer.force(raw)
+                notes.append("budget shrank: applied without debounce")
+        used = sum(num_devices(v) for v in applied.values())
+        targets = tuple(
+            ElasticTarget(
+                model=m,
+                num_prefill=applied[m][0],
+                num_decode=applied[m][1],
+                desired_replicas=desired[m],
+                prediction=searches[m].prediction if m in searches else None,
+                reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held),
+            )
+            for m in models
+        )
+        if is_scaled_down:
+            notes.append(f"over budget: wanted {sum(desired.values())} devices, {budget_devices} left by steady pool")
+        if held:
+            notes.append(f"debounced: {', '.join(sorted(held))} held until two plans agree")
+        self._num_plans += 1
+        plan = ElasticPlan(
+            plan_id=f"{self._id_prefix}-{self._num_plans:06d}",
+            created_unix_ms=now_ms,
+            budget_devices=budget_devices,
+            num_devices_used=used,
+            targets=targets,
+            is_scaled_down=is_scaled_down,
+            is_debounced=bool(held),
+            loads=tuple(loads[m] for m in models if m in loads),
+            reason="; ".join([f"{len(busy)} elastic model(s) with traffic use {used} of {budget_devices} devices",
+                              *notes]),
+            is_observe_only=self.is_observe_only,
+        )
+        return ElasticDecision(plan, searches, tuple(sorted(held)))
+
+    def _why(self, model, search, desired, allotted, raw, applied, is_held) -> str:
+        p = self.policy
+        if search is None:
+            return "no traffic"
+        bounds = dict(zip(search.prediction.replicas, search.prediction.attainment_bound))
+        m = search.num_replicas
+        if search.is_reachable:
+            why = f"m*={m}: bound {bounds[m]:.3f} >= target {p.target_attainment:.3f}"
+            if m - 1 in bounds:
+                why += f" (m={m - 1}: {bounds[m - 1]:.3f})"
+        else:
+            cap = p.max_num_replicas
+            why = (f"target {p.target_attainment:.3f} unreachable (bound {bounds[cap]:.3f} at the cap m={cap}): "
+                   f"m*={m} where the bound saturates ({bounds[m]:.3f})")
+        if allotted < desired:
+            why += f"; scaled down {desired} -> {allotted} (budget)"
+        why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")
+        if is_held:
+            why += f"; held at {applied[0]}/{applied[1]}: the last two plans disagree"
+        return why

@@ -1,0 +1,96 @@
+"""Policy knobs of the planner cores: frozen models with the defaults of DESIGN.md section 3.
+
+Every knob has a unit in its name or is a plain ratio. No constructor here does I/O; the shells build these from
+settings (JANUS_* environment or a cluster YAML)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Policy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolPolicy(_Policy):
+    """Which models go to the elastic pool up front (large or volatile traffic), and when they come back.
+
+    Hysteresis: a model enters the elastic pool when a score passes its *enter* threshold and returns only after
+    both scores stayed below the *exit* thresholds for `calm_hold_s`, so a model near a threshold does not bounce
+    between pools every planning period (a move costs a drain and a wake)."""
+
+    large_need_enter: float = Field(default=0.5, gt=0, description="max need dimension (device fraction, +k sigma)")
+    large_need_exit: float = Field(default=0.35, gt=0)
+    volatility_enter: float = Field(default=0.5, gt=0, description="excess coefficient of variation of the rate")
+    volatility_exit: float = Field(default=0.3, gt=0)
+    volatility_window_s: float = Field(default=120.0, gt=0, description="trailing history the volatility looks at")
+    min_num_windows: int = Field(default=8, ge=2, description="no volatility verdict on less history than this")
+    calm_hold_s: float = Field(default=300.0, ge=0, description="calm this long before returning to steady")
+
+    @model_validator(mode="after")
+    def _exit_below_enter(self) -> "PoolPolicy":
+        if self.large_need_exit > self.large_need_enter or self.volatility_exit > self.volatility_enter:
+            raise ValueError("an exit threshold above its enter threshold would make the hysteresis flap")
+        return self
+
+
+class SteadyPolicy(_Policy):
+    """The steady planner (slow path)."""
+
+    period_s: float = Field(default=30.0, gt=0, description="how often the service calls the planner")
+    k_sigma: float = Field(default=1.0, ge=0, description="need bound = mean + k*sigma")
+    repack_damage_threshold: float = Field(
+        default=0.08, ge=0, description="Phi of a bin's leftovers after a departure above which it is repacked"
+    )
+    consolidation_period_s: float = Field(default=30.0, gt=0)
+    max_num_migrations: int = Field(default=4, ge=0, description="moves per consolidation (a move drains and wakes)")
+    is_exact: bool = Field(default=False, description="pack with the MILP when the instance is small enough")
+    max_num_exact_models: int = Field(default=14, ge=1)
+    exact_time_limit_s: float = Field(default=2.0, gt=0)
+
+
+class ElasticPolicy(_Policy):
+    """The elastic scaler (fast path)."""
+
+    period_s: float = Field(default=0.5, gt=0)
+    target_attainment: float = Field(default=0.99, gt=0, le=1)
+    k_sigma: float = Field(default=1.0, ge=0, description="attainment bound = mean - k*sigma")
+    max_num_replicas: int = Field(default=64, ge=1, description="per model; the binary search's upper end")
+    search_mode: str = Field(default="bisect", pattern="^(bisect|grid)$",
+                             description="ask the oracle one m per round, or every m at once (replica_search.py)")
+    saturation_eps: float = Field(default=0.005, ge=0, description="unreachable target: least m within this "
+                                  "of the bound at the cap")
+    min_rate_rps: float = Field(default=0.0, ge=0, description="a model at or below this rate has no traffic")
+    decode_token_cost_ratio: float = Field(
+        default=2.0, gt=0, description="device time of one decode token over one prefill token (P/D split)"
+    )
+    min_num_disaggregated: int = Field(
+        default=2, ge=2, description="below this many instances a model runs one colocated instance per device"
+    )
+    is_debounced: bool = True
+
+
+class ReconcilerPolicy(_Policy):
+    """The reconciler: command deadlines, retries, liveness."""
+
+    command_deadline_ms: float = Field(default=60_000.0, gt=0, description="a worker gives up after this long")
+    ready_grace_ms: float = Field(default=10_000.0, ge=0, description="after an ok reply, wait this long for ready")
+    max_num_attempts: int = Field(default=3, ge=1)
+    retry_backoff_ms: float = Field(default=1_000.0, ge=0)
+    heartbeat_timeout_ms: float = Field(default=2_000.0, gt=0, description="a worker silent this long is dead")
+    failure_cooldown_ms: float = Field(default=30_000.0, ge=0, description="no new try of a failed placement")
+    steady_removal_action: str = Field(default="cold", pattern="^(warm|cold)$")
+    elastic_removal_action: str = Field(default="warm", pattern="^(warm|cold)$")
+
+
+class PlannerPolicy(_Policy):
+    """Everything under `planner:` in the cluster YAML."""
+
+    steady: SteadyPolicy = SteadyPolicy()
+    pool: PoolPolicy = PoolPolicy()
+    elastic: ElasticPolicy = ElasticPolicy()
+    reconciler: ReconcilerPolicy = ReconcilerPolicy()
+    is_observe_only: bool = Field(default=False, description="compute and publish plans, act on none")
+    startup_delay_s: float = Field(default=1.5, ge=0, description="first steady plan after heartbeats arrive")
+    elastic_republish_s: float = Field(default=10.0, gt=0, description="an unchanged elastic plan, this often")
+    reconcile_period_s: float = Field(default=0.2, gt=0)
+    plans_max_age_s: float = Field(default=7 * 86400.0, gt=0, description="how long PLANS keeps events")

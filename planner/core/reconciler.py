@@ -1,0 +1,327 @@
+"""The reconciler core: compares desired state (the latest steady and elastic plans) with the registry and the
+workers' heartbeats, and emits lifecycle commands; tracks every command to completion (an activation is done only
+when the registry says the instance is ready), retries failures and timeouts within a budget, and reports every
+outcome as a `contracts.PlanAction` (never dropped in silence).
+
+Level-triggered: every input (plan, heartbeat, record, reply, tick) re-runs the same comparison, so a lost message
+only delays convergence. Order on a device: removals first (the new model needs the room), except that the last
+ready replica of a model that is only moving stays up until its replacement is ready (make before break)."""
+from __future__ import annotations
+
+from contracts import (
+    ElasticPlan,
+    ErrorCode,
+    ErrorInfo,
+    InstanceRecord,
+    LifecycleAction,
+    LifecycleCommand,
+    LifecycleReply,
+    ModelState,
+    Pool,
+    SteadyPlan,
+    WorkerHeartbeat,
+)
+
+from .cluster_view import ClusterView, SeenInstance
+from .commands import EffectsBuilder, Op, PlanStatus, ReconcileEffects, command_id_for
+from .desired import ElasticPlacer, Slot, steady_slots
+from .policy import ReconcilerPolicy
+
+_RELEASED = frozenset({ModelState.WARM, ModelState.COLD, ModelState.FAILED})
+
+
+class Reconciler:
+    def __init__(self, policy: ReconcilerPolicy | None = None) -> None:
+        self.policy = policy or ReconcilerPolicy()
+        self.view = ClusterView(self.policy.heartbeat_timeout_ms)
+        self._placer = ElasticPlacer()
+        self._plans: dict[str, SteadyPlan | ElasticPlan] = {}  # kind -> latest plan acted on
+        self._done: set[str] = set()
+        self._blocked_reported: set[tuple[str, str]] = set()
+        self._ops: dict[str, Op] = {}  # instance id -> op
+        self._cooldown_until_ms: dict[tuple[str, str], float] = {}  # (model, worker) -> until
+        # A removal the worker confirmed: until a newer heartbeat arrives, the old one still lists the instance.
+        self._released_ms: dict[str, float] = {}
+
+    # -- inputs: each returns what to do now ------------------------------------------------------------------
+
+    def on_steady_plan(self, now_ms: float, plan: SteadyPlan) -> ReconcileEffects:
+        return self._on_plan(now_ms, "steady", plan)
+
+    def on_elastic_plan(self, now_ms: float, plan: ElasticPlan) -> ReconcileEffects:
+        return self._on_plan(now_ms, "elastic", plan)
+
+    def on_heartbeat(self, now_ms: float, hb: WorkerHeartbeat) -> ReconcileEffects:
+        self.view.on_heartbeat(now_ms, hb)
+        return self._reconcile(now_ms, EffectsBuilder())
+
+    def observe_heartbeat(self, now_ms: float, hb: WorkerHeartbeat) -> None:
+        """Record a heartbeat without reconciling: for large fleets the shell batches and calls `on_tick`."""
+        self.view.on_heartbeat(now_ms, hb)
+
+    def observe_record(self, record: InstanceRecord) -> None:
+        self.view.on_record(record)
+
+    def on_record(self, now_ms: float, record: InstanceRecord) -> ReconcileEffects:
+        self.view.on_record(record)
+        return self._reconcile(now_ms, EffectsBuilder())
+
+    def on_record_deleted(self, now_ms: float, instance_id: str) -> ReconcileEffects:
+        self.view.on_record_deleted(instance_id)
+        return self._reconcile(now_ms, EffectsBuilder())
+
+    def on_reply(self, now_ms: float, reply: LifecycleReply) -> ReconcileEffects:
+        out = EffectsBuilder()
+        op = next((o for o in self._ops.values() if o.command_id == reply.command_id), None)
+        if op is not None and op.phase != "backoff":
+            if not reply.ok:
+                why = reply.detail or (reply.error.message if reply.error else "the worker refused")
+                self._fail(now_ms, op, "failed", why, reply.error, out)
+            elif op.is_up:
+                op.phase, op.acked_ms = "acked", now_ms  # done only when the registry says ready
+            else:
+                out.actions.append(op.action_event("succeeded", now_ms, f"now {reply.state.value}"))
+                self._released_ms[op.instance_id] = now_ms
+                del self._ops[op.instance_id]
+        return self._reconcile(now_ms, out)
+
+    def on_tick(self, now_ms: float) -> ReconcileEffects:
+        return self._reconcile(now_ms, EffectsBuilder())
+
+    def pending_ops(self) -> dict[str, Op]:
+        return dict(self._ops)
+
+    def is_done(self, plan_id: str) -> bool:
+        return plan_id in self._done
+
+    # -- the comparison ----------------------------------------------------------------------------------------
+
+    def _on_plan(self, now_ms: float, kind: str, plan: SteadyPlan | ElasticPlan) -> ReconcileEffects:
+        out = EffectsBuilder()
+        if plan.is_observe_only:
+            out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="ignored", unix_ms=now_ms,
+                                                detail="observe-only plan"))
+            return out.build()
+        prev = self._plans.get(kind)
+        if prev is not None and prev.plan_id not in self._done:
+            out.plan_statuses.append(PlanStatus(plan_id=prev.plan_id, kind=kind, status="superseded", unix_ms=now_ms,
+                                                detail=f"by {plan.plan_id}"))
+        self._plans[kind] = plan
+        return self._reconcile(now_ms, out)
+
+    def _reconcile(self, now_ms: float, out: EffectsBuilder) -> ReconcileEffects:
+        alive = self.view.alive_workers(now_ms)
+        self._fix_registry(now_ms, out)
+        self._expire(now_ms, alive, out)
+        desired, blocked = self._desired(now_ms, alive)
+        resident = self.view.resident(alive)
+        self._complete(now_ms, alive, resident, out)
+        self._cancel_unwanted_retries(now_ms, desired, out)
+        rooms = self._issue_removals(now_ms, alive, desired, resident, out)
+        self._issue_ups(now_ms, alive, desired, resident, rooms, blocked, out)
+        self._track_plans(now_ms, alive, desired, resident, blocked, out)
+        return out.build()
+
+    def _desired(self, now_ms: float, alive: set[str]) -> tuple[dict[str, Slot], dict[str, list[str]]]:
+        blocked: dict[str, list[str]] = {"steady": [], "elastic": []}
+        steady_plan = self._plans.get("steady")
+        steady = self._adopt(steady_slots(steady_plan), alive)  # type: ignore[arg-type]
+        steady_workers = {b.worker_id for b in steady_plan.bins} if steady_plan else set()
+        avoid = {key for key, until in self._cooldown_until_ms.items() if now_ms < until}
+        resident = {
+            iid: (s.worker_id, s.status.model, s.status.role)
+            for iid, s in self.view.resident(alive).items()
+            if s.status.pool == Pool.ELASTIC
+        }
+        warm = {w: self.view.warm_models(w) for w in alive}
+        free = sorted(alive - steady_workers)
+        elastic, unplaced = self._placer.place(self._plans.get("elastic"), free, resident, warm, avoid)  # type: ignore[arg-type]
+        for model, n in sorted(unplaced.items()):
+            blocked["elastic"].append(f"{n} instance(s) of {model}: no free device")
+        return {**elastic, **steady}, blocked
+
+    def _adopt(self, slots: dict[str, Slot], alive: set[str]) -> dict[str, Slot]:
+        """A slot is filled by whatever instance of its model, role and pool already sits on its device, under the
+        id the worker gave it (e.g. one it started at bootstrap): no second copy, no needless restart."""
+        existing: dict[tuple[str, str, str, str], str] = {}
+        for iid, s in self.view.seen(alive).items():
+            if s.status.state not in (ModelState.FAILED, ModelState.COLD):
+                existing[(s.status.model, s.worker_id, s.status.role.value, s.status.pool.value)] = iid
+        for rec in self.view.records():
+            if rec.is_ready and rec.worker_id in alive:
+                existing.setdefault((rec.model, rec.worker_id, rec.role.value, rec.pool.value), rec.instance_id)
+        out = {}
+        for iid, slot in slots.items():
+            found = existing.get((slot.model, slot.worker_id, slot.role.value, slot.pool.value))
+            if found is not None and found != iid:
+                slot = Slot(found, slot.model, slot.worker_id, slot.role, slot.pool, slot.plan_id)
+            out[slot.instance_id] = slot
+        return out
+
+    def _fix_registry(self, now_ms: float, out: EffectsBuilder) -> None:
+        for rec, state, why in self.view.stale_records(now_ms):
+            fixed = rec.model_copy(update={"is_ready": False, "state": state, "updated_unix_ms": now_ms})
+            self.view.on_record(fixed)
+            out.registry_updates.append(fixed)
+
+    def _expire(self, now_ms: float, alive: set[str], out: EffectsBuilder) -> None:
+        p = self.policy
+        for op in list(self._ops.values()):
+            if op.phase == "sent" and now_ms - op.issued_ms > p.command_deadline_ms:
+                self._fail(now_ms, op, "timed_out", f"no reply within {p.command_deadline_ms:.0f} ms", None, out)
+            elif op.phase == "acked" and now_ms - (op.acked_ms or now_ms) > p.ready_grace_ms:
+                why = f"ok reply but not ready within {p.ready_grace_ms:.0f} ms"
+                self._fail(now_ms, op, "timed_out", why, None, out)
+            elif op.phase != "backoff" and op.worker_id not in alive:
+                self._fail(now_ms, op, "failed", f"worker {op.worker_id} is not alive", None, out)
+
+    def _fail(self, now_ms: float, op: Op, status: str, why: str, error: ErrorInfo | None, out: EffectsBuilder) -> None:
+        if error is None:
+            code = ErrorCode.TIMEOUT if status == "timed_out" else ErrorCode.INSTANCE_FAILED
+            error = ErrorInfo(code=code, message=why, retryable=op.attempt < self.policy.max_num_attempts)
+        if op.attempt < self.policy.max_num_attempts:
+            out.actions.append(op.action_event("timed_out" if status == "timed_out" else "retrying", now_ms,
+                                               f"{why}; retry {op.attempt + 1} of {self.policy.max_num_attempts}",
+                                               error))
+            op.phase, op.retry_at_ms = "backoff", now_ms + self.policy.retry_backoff_ms
+            op.is_fork_failed = op.is_fork_failed or op.action == LifecycleAction.FORK_FROM
+            return
+        if status == "timed_out":
+            out.actions.append(op.action_event("timed_out", now_ms, why, error))
+        out.actions.append(op.action_event("failed", now_ms, f"{why}; gave up after {op.attempt} attempt(s)", error))
+        self._cooldown_until_ms[(op.model, op.worker_id)] = now_ms + self.policy.failure_cooldown_ms
+        del self._ops[op.instance_id]
+
+    def _complete(self, now_ms: float, alive: set[str], resident: dict[str, SeenInstance], out: EffectsBuilder) -> None:
+        for op in list(self._ops.values()):
+            if op.is_up and self.view.is_ready(op.instance_id, alive):
+                out.actions.append(op.action_event("succeeded", now_ms, "ready in the registry"))
+                del self._ops[op.instance_id]
+            elif not op.is_up and op.worker_id in alive:
+                seen = self.view.seen(alive).get(op.instance_id)
+                if seen is None or seen.status.state in _RELEASED:
+                    state = seen.status.state.value if seen else "gone"
+                    out.actions.append(op.action_event("succeeded", now_ms, f"the worker reports it {state}"))
+                    del self._ops[op.instance_id]
+
+    def _cancel_unwanted_retries(self, now_ms: float, desired: dict[str, Slot], out: EffectsBuilder) -> None:
+        """A retry waiting for its backoff whose purpose a newer plan dropped is not sent; reported, not dropped."""
+        for op in list(self._ops.values()):
+            if op.phase == "backoff" and op.is_up != (op.instance_id in desired):
+                error = ErrorInfo(code=ErrorCode.CANCELLED, message="no longer in the plan")
+                out.actions.append(op.action_event("cancelled", now_ms, "cancelled before retry: superseded", error))
+                del self._ops[op.instance_id]
+
+    def _issue_removals(self, now_ms, alive, desired, resident, out) -> set[str]:
+        """Removals of resident instances nobody wants; returns the devices that still have one pending."""
+        waiting_workers = {s.worker_id for iid, s in desired.items() if not self.view.is_ready(iid, alive)}
+        steady_plan = self._plans.get("steady")
+        steady_workers = {b.worker_id for b in steady_plan.bins} if steady_plan else set()
+        pending: set[str] = set()
+        for iid, s in sorted(resident.items()):
+            if iid in desired:
+                continue
+            pool = s.status.pool
+            # Only a plan for its pool may remove an instance (a restarted reconciler that has seen no elastic plan
+            # yet must not tear the elastic pool down), except that the steady plan claims its devices.
+            is_claimed = pool == Pool.ELASTIC and s.worker_id in steady_workers
+            if pool.value not in self._plans and not is_claimed:
+                continue
+            if self._released_ms.get(iid, float("-inf")) >= self.view.last_seen_ms(s.worker_id):
+                continue  # released; this heartbeat predates it
+            pending.add(s.worker_id)
+            op = self._ops.get(iid)
+            if op is not None and (op.phase != "backoff" or now_ms < op.retry_at_ms):
+                continue
+            if self._cooling(now_ms, s.status.model, s.worker_id):
+                continue
+            model = s.status.model
+            is_moving = any(d.model == model for d in desired.values())
+            has_other_ready = any(
+                d.model == model and self.view.is_ready(d.instance_id, alive) for d in desired.values()
+            )
+            if (self.view.is_ready(iid, alive) and is_moving and not has_other_ready
+                    and s.worker_id not in waiting_workers):
+                continue  # make before break: the replacement is not ready yet
+            action = LifecycleAction(
+                self.policy.steady_removal_action if pool == Pool.STEADY else self.policy.elastic_removal_action
+            )
+            plan = self._plans.get(pool.value) or self._plans.get("steady")
+            self._send(now_ms, Slot(iid, model, s.worker_id, s.status.role, pool, plan.plan_id if plan else ""),
+                       action, None, op, out)
+            rec = self.view.record(iid)
+            if rec is not None and rec.is_ready:  # stop routing to it now, not when the drain ends
+                fixed = rec.model_copy(update={"is_ready": False, "state": ModelState.DRAINING,
+                                               "updated_unix_ms": now_ms})
+                self.view.on_record(fixed)
+                out.registry_updates.append(fixed)
+        return pending
+
+    def _issue_ups(self, now_ms, alive, desired, resident, rooms, blocked, out) -> None:
+        removing = {iid for iid, op in self._ops.items() if not op.is_up}
+        for iid, slot in sorted(desired.items()):
+            if self.view.is_ready(iid, alive):
+                continue
+            op = self._ops.get(iid)
+            if op is not None and (not op.is_up or op.phase != "backoff" or now_ms < op.retry_at_ms):
+                continue
+            if slot.worker_id not in alive:
+                blocked[slot.pool.value].append(f"{iid}: worker {slot.worker_id} is not alive")
+                continue
+            if self._cooling(now_ms, slot.model, slot.worker_id):
+                blocked[slot.pool.value].append(f"{iid}: failed recently on {slot.worker_id}, cooling down")
+                continue
+            if slot.worker_id in rooms:
+                continue  # a removal on this device goes first
+            source = None
+            if op is None or not op.is_fork_failed:
+                source = self.view.fork_source(slot.model, alive, exclude_ids=removing | {iid})
+            action = LifecycleAction.FORK_FROM if source else LifecycleAction.ACTIVATE
+            self._send(now_ms, slot, action, source, op, out)
+
+    def _send(self, now_ms, slot: Slot, action, source, prev: Op | None, out: EffectsBuilder) -> None:
+        if prev is not None and prev.is_up != (action in (LifecycleAction.ACTIVATE, LifecycleAction.FORK_FROM)):
+            prev = None  # a different purpose starts its own attempt count
+        attempt = prev.attempt + 1 if prev is not None else 1
+        plan_id = slot.plan_id
+        cmd = LifecycleCommand(
+            command_id=command_id_for(plan_id, slot.instance_id, action, attempt),
+            worker_id=slot.worker_id,
+            model=slot.model,
+            instance_id=slot.instance_id,
+            action=action,
+            role=slot.role,
+            pool=slot.pool,
+            fork_source=source,
+            plan_id=plan_id,
+            issued_unix_ms=now_ms,
+            deadline_ms=self.policy.command_deadline_ms,
+        )
+        op = Op(slot.instance_id, slot.model, slot.worker_id, slot.role, slot.pool, action, plan_id, attempt,
+                cmd.command_id, now_ms, is_fork_failed=prev.is_fork_failed if prev else False)
+        self._ops[slot.instance_id] = op
+        out.commands.append(cmd)
+        why = f"fork from {source.instance_id} on {source.worker_id}" if source else action.value
+        out.actions.append(op.action_event("issued", now_ms, why))
+
+    def _cooling(self, now_ms: float, model: str, worker_id: str) -> bool:
+        return now_ms < self._cooldown_until_ms.get((model, worker_id), float("-inf"))
+
+    def _track_plans(self, now_ms, alive, desired, resident, blocked, out) -> None:
+        for kind, plan in self._plans.items():
+            if plan.plan_id in self._done:
+                continue
+            for detail in blocked.get(kind, []):
+                if (plan.plan_id, detail) not in self._blocked_reported:
+                    self._blocked_reported.add((plan.plan_id, detail))
+                    out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="blocked",
+                                                            unix_ms=now_ms, detail=detail))
+            pool = Pool(kind)
+            is_up = all(self.view.is_ready(iid, alive) for iid, s in desired.items() if s.pool == pool)
+            is_clean = not any(s.status.pool == pool and iid not in desired for iid, s in resident.items())
+            is_idle = not any(op.pool == pool for op in self._ops.values())
+            if is_up and is_clean and is_idle and not blocked.get(kind):
+                self._done.add(plan.plan_id)
+                n = sum(1 for s in desired.values() if s.pool == pool)
+                out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="done", unix_ms=now_ms,
+                                                    detail=f"{n} instance(s) ready"))

@@ -1,0 +1,124 @@
+"""The elastic scaler service: a thin shell around planner.core.ElasticScaler.
+
+In: model load windows, worker heartbeats (how many devices exist), the latest steady plan (which models are
+elastic, how many devices the steady pool holds). Every `planner.elastic.period_s` it ticks in a worker thread (the
+binary search asks the oracle over the bus) and publishes the ElasticPlan into PLANS on `janus.plan.elastic` when
+its decision changed, and at least every `planner.elastic_republish_s` (so the stream stays small)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from contracts import ElasticPlan, ModelLoadWindow, SteadyPlan, WorkerHeartbeat, subjects
+from runtime.bus import Bus, BusError, Envelope
+from runtime.service import Service
+from runtime.settings import ClusterConfig, JanusSettings
+
+from .bus_oracle import BusOracle
+from .core.elastic import ElasticScaler
+from .core.oracle_port import OracleAnswerError
+from .core.policy import PlannerPolicy
+from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, publish_event
+
+log = logging.getLogger("janus.planner.elastic")
+
+
+def _decision_of(plan: ElasticPlan) -> tuple:
+    return (plan.budget_devices, tuple((t.model, t.num_prefill, t.num_decode) for t in plan.targets))
+
+
+class ElasticScalerService(Service):
+    name = "elastic-scaler"
+
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
+        super().__init__(settings, cluster)
+        self.policy = PlannerPolicy(**cluster.planner)
+        self.core: ElasticScaler | None = None
+        self.workers = WorkerLiveness(self.policy.reconciler.heartbeat_timeout_ms)
+        self.steady_plan: SteadyPlan | None = None
+        self._windows: list[ModelLoadWindow] = []
+        self._task: asyncio.Task | None = None
+        self.last_published: ElasticPlan | None = None
+        self._last_published_ms = 0.0
+        self.num_ticks = 0
+        self.num_published = 0
+        self.num_failures = 0
+
+    async def start(self, bus: Bus) -> None:
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        oracle = BusOracle(bus, asyncio.get_running_loop())
+        self.core = ElasticScaler(oracle, self.policy.elastic, id_prefix=f"elastic-{self.instance}",
+                                  is_observe_only=self.policy.is_observe_only)
+        self.steady_plan = await last_plan(bus, subjects.PLAN_STEADY, SteadyPlan)  # type: ignore[assignment]
+        await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)
+        await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
+        await bus.subscribe(subjects.PLAN_STEADY, SteadyPlan, self._on_steady_plan)
+        self._task = asyncio.create_task(self._periodic())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def health_detail(self) -> dict[str, str]:
+        detail = {"ticks": str(self.num_ticks), "published": str(self.num_published),
+                  "failures": str(self.num_failures)}
+        if self.last_published is not None:
+            detail["last_plan"] = self.last_published.plan_id
+            detail["elastic_devices"] = str(self.last_published.num_devices_used)
+        return detail
+
+    async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
+        self._windows.append(window)
+
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
+        self.workers.on_heartbeat(hb, now_ms())
+
+    async def _on_steady_plan(self, plan: SteadyPlan, env: Envelope) -> None:
+        if not plan.is_observe_only or self.policy.is_observe_only:
+            self.steady_plan = plan
+
+    async def _periodic(self) -> None:
+        while True:
+            started = time.monotonic()
+            await self.tick_once()
+            await asyncio.sleep(max(0.0, self.policy.elastic.period_s - (time.monotonic() - started)))
+
+    async def tick_once(self) -> ElasticPlan | None:
+        """One tick; returns the plan when it was published."""
+        assert self.core is not None and self.bus is not None
+        if self.steady_plan is None:
+            return None  # which models are elastic, and what the steady pool leaves, come with a steady plan
+        now = now_ms()
+        budget = max(0, len(self.workers.alive(now)) - len(self.steady_plan.bins))
+        elastic_models = list(self.steady_plan.elastic_models)
+        windows, self._windows = self._windows, []
+        core = self.core
+
+        def decide():
+            for w in windows:
+                core.observe(w)
+            t0 = time.perf_counter()
+            decision = core.tick(now, elastic_models, budget)
+            return decision, (time.perf_counter() - t0) * 1e3
+
+        try:
+            decision, decision_ms = await asyncio.to_thread(decide)
+        except (BusError, OracleAnswerError, TimeoutError) as exc:
+            self.num_failures += 1
+            log.warning("elastic scaler: no plan this tick: %s", exc)
+            return None
+        self.num_ticks += 1
+        plan = decision.plan.model_copy(update={"decision_ms": decision_ms})
+        is_changed = self.last_published is None or _decision_of(plan) != _decision_of(self.last_published)
+        if not is_changed and now - self._last_published_ms < self.policy.elastic_republish_s * 1000.0:
+            return None
+        await publish_event(self.bus, subjects.PLAN_ELASTIC, plan)
+        self.last_published, self._last_published_ms = plan, now
+        self.num_published += 1
+        if is_changed:
+            log.info("elastic plan %s: %s", plan.plan_id, plan.reason)
+        return plan

@@ -1,0 +1,141 @@
+"""The reconciler service: a thin shell around planner.core.Reconciler.
+
+In: steady and elastic plans (janus.plan.*; the latest of each recovered from PLANS at start), worker heartbeats,
+the `instances` registry (KV watch), the workers' replies to commands. Out: lifecycle commands (request/reply on
+janus.worker.<worker>.cmd), PlanAction events into PLANS, registry corrections. The core decides; every
+`planner.reconcile_period_s` it also re-checks deadlines and retries."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from contracts import (
+    ElasticPlan,
+    ErrorCode,
+    ErrorInfo,
+    InstanceRecord,
+    LifecycleCommand,
+    LifecycleReply,
+    ModelState,
+    SteadyPlan,
+    WorkerHeartbeat,
+    subjects,
+)
+from runtime.bus import Bus, BusError, Envelope
+from runtime.jetstream import ensure_kv
+from runtime.service import Service
+from runtime.settings import ClusterConfig, JanusSettings
+
+from .core.commands import ReconcileEffects
+from .core.policy import PlannerPolicy
+from .core.reconciler import Reconciler
+from .shell import ensure_plans_stream, last_plan, now_ms, publish_event
+
+log = logging.getLogger("janus.planner.reconciler")
+
+
+class ReconcilerService(Service):
+    name = "reconciler"
+
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
+        super().__init__(settings, cluster)
+        self.policy = PlannerPolicy(**cluster.planner)
+        self.core = Reconciler(self.policy.reconciler)
+        self._kv = None
+        self._watcher = None
+        self._tasks: list[asyncio.Task] = []
+        self._lock = asyncio.Lock()  # effects are applied in the order the core produced them
+        self.num_commands = 0
+        self.num_failed_actions = 0
+        self.plan_statuses: list = []  # the latest few, for health and tests
+
+    async def start(self, bus: Bus) -> None:
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        self._watcher = await self._kv.watchall()
+        self._tasks.append(asyncio.create_task(self._watch_registry()))
+        await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
+        await bus.subscribe(subjects.PLAN_STEADY, SteadyPlan, self._on_steady)
+        await bus.subscribe(subjects.PLAN_ELASTIC, ElasticPlan, self._on_elastic)
+        for subject, tp, handler in ((subjects.PLAN_STEADY, SteadyPlan, self.core.on_steady_plan),
+                                     (subjects.PLAN_ELASTIC, ElasticPlan, self.core.on_elastic_plan)):
+            plan = await last_plan(bus, subject, tp)
+            if plan is not None:
+                await self._apply(handler(now_ms(), plan))
+        self._tasks.append(asyncio.create_task(self._periodic()))
+
+    async def stop(self) -> None:
+        if self._watcher is not None:  # a KV watcher left running makes drain() hang for 30 s
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+        for task in self._tasks:
+            task.cancel()
+
+    def health_detail(self) -> dict[str, str]:
+        return {"commands": str(self.num_commands), "failed_actions": str(self.num_failed_actions),
+                "in_flight": str(len(self.core.pending_ops()))}
+
+    # --- inputs ---
+    async def _on_steady(self, plan: SteadyPlan, env: Envelope) -> None:
+        await self._apply(self.core.on_steady_plan(now_ms(), plan))
+
+    async def _on_elastic(self, plan: ElasticPlan, env: Envelope) -> None:
+        await self._apply(self.core.on_elastic_plan(now_ms(), plan))
+
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
+        self.core.observe_heartbeat(now_ms(), hb)  # reconciled on the next tick: heartbeats are many
+
+    async def _watch_registry(self) -> None:
+        async for entry in self._watcher:
+            if entry is None:  # end of the initial snapshot
+                continue
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self.core.view.on_record_deleted(subjects.untoken(entry.key.replace("=", "~")))
+                continue
+            try:
+                self.core.observe_record(InstanceRecord.model_validate_json(entry.value))
+            except ValueError:
+                log.warning("reconciler: malformed registry record %s", entry.key)
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.reconcile_period_s)
+            await self._apply(self.core.on_tick(now_ms()))
+
+    # --- outputs ---
+    async def _apply(self, effects: ReconcileEffects) -> None:
+        if effects.is_empty:
+            return
+        assert self.bus is not None and self._kv is not None
+        async with self._lock:
+            for record in effects.registry_updates:
+                await self._kv.put(subjects.instance_key(record.instance_id), record.model_dump_json().encode())
+            for action in effects.actions:
+                if action.status in ("failed", "timed_out"):
+                    self.num_failed_actions += 1
+                    log.warning("plan %s: %s %s on %s %s: %s", action.plan_id, action.action.value,
+                                action.instance_id, action.worker_id, action.status, action.reason)
+                await publish_event(self.bus, subjects.PLAN_ACTION, action)
+            for status in effects.plan_statuses:
+                log.info("plan %s (%s): %s %s", status.plan_id, status.kind, status.status, status.detail)
+                self.plan_statuses = (self.plan_statuses + [status])[-100:]
+                await publish_event(self.bus, subjects.PLAN_STATUS, status)
+        for cmd in effects.commands:
+            self.num_commands += 1
+            self._tasks.append(asyncio.create_task(self._send(cmd)))
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _send(self, cmd: LifecycleCommand) -> None:
+        assert self.bus is not None
+        try:
+            reply = await self.bus.request(subjects.worker_cmd(cmd.worker_id), cmd, LifecycleReply,
+                                           timeout_s=cmd.deadline_ms / 1000.0)
+        except BusError as exc:  # no worker answered, or too late: the core decides whether to retry
+            reply = LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False,
+                                   state=ModelState.FAILED, detail=exc.error.message, error=exc.error)
+        except Exception as exc:  # noqa: BLE001 - never lose a command's outcome
+            reply = LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False,
+                                   state=ModelState.FAILED, detail=str(exc),
+                                   error=ErrorInfo(code=ErrorCode.INTERNAL, message=str(exc)))
+        await self._apply(self.core.on_reply(now_ms(), reply))

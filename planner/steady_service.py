@@ -1,0 +1,106 @@
+"""The steady planner service: a thin shell around planner.core.SteadyPlanner.
+
+In: model load windows, worker heartbeats (which devices exist), the catalogue from the cluster config. Every
+`planner.steady.period_s` (and once at start) it plans in a worker thread (the core asks the oracle over the bus)
+and publishes the SteadyPlan into the JetStream stream PLANS on `janus.plan.steady`."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from contracts import ModelLoadWindow, SteadyPlan, WorkerHeartbeat, subjects
+from runtime.bus import Bus, BusError, Envelope
+from runtime.service import Service
+from runtime.settings import ClusterConfig, JanusSettings
+
+from .bus_oracle import BusOracle
+from .core.oracle_port import OracleAnswerError
+from .core.policy import PlannerPolicy
+from .core.steady import SteadyPlanner
+from .shell import WorkerLiveness, ensure_plans_stream, now_ms, publish_event
+
+log = logging.getLogger("janus.planner.steady")
+
+
+class SteadyPlannerService(Service):
+    name = "steady-planner"
+
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
+        super().__init__(settings, cluster)
+        self.policy = PlannerPolicy(**cluster.planner)
+        self.models = [m.name for m in cluster.models]
+        self.core: SteadyPlanner | None = None
+        self.workers = WorkerLiveness(self.policy.reconciler.heartbeat_timeout_ms)
+        self._windows: list[ModelLoadWindow] = []
+        self._task: asyncio.Task | None = None
+        self.last_plan: SteadyPlan | None = None
+        self.num_plans = 0
+        self.num_failures = 0
+
+    async def start(self, bus: Bus) -> None:
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        oracle = BusOracle(bus, asyncio.get_running_loop())
+        self.core = SteadyPlanner(oracle, self.policy.steady, self.policy.pool,
+                                  id_prefix=f"steady-{self.instance}", is_observe_only=self.policy.is_observe_only)
+        await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)
+        await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
+        self._task = asyncio.create_task(self._periodic())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def health_detail(self) -> dict[str, str]:
+        detail = {"plans": str(self.num_plans), "failures": str(self.num_failures)}
+        if self.last_plan is not None:
+            detail["last_plan"] = self.last_plan.plan_id
+            detail["steady_devices"] = str(len(self.last_plan.bins))
+        return detail
+
+    async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
+        self._windows.append(window)  # handed to the core at the next plan, in the core's thread
+
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
+        self.workers.on_heartbeat(hb, now_ms())
+
+    async def _periodic(self) -> None:
+        await asyncio.sleep(self.policy.startup_delay_s)
+        while True:
+            started = time.monotonic()
+            await self.plan_once("periodic" if self.num_plans else "startup")
+            await asyncio.sleep(max(0.0, self.policy.steady.period_s - (time.monotonic() - started)))
+
+    async def plan_once(self, trigger: str = "periodic") -> SteadyPlan | None:
+        """Plan now and publish; None when there is nothing to plan on (no live worker) or the oracle failed."""
+        assert self.core is not None and self.bus is not None
+        now = now_ms()
+        workers = self.workers.alive(now)
+        if not workers:
+            log.info("steady planner: no live worker yet, no plan")
+            return None
+        windows, self._windows = self._windows, []
+        core = self.core
+
+        def decide():
+            for w in windows:
+                core.observe(w)
+            t0 = time.perf_counter()
+            decision = core.plan(now, self.models, workers, trigger=trigger)
+            return decision, (time.perf_counter() - t0) * 1e3
+
+        try:
+            decision, decision_ms = await asyncio.to_thread(decide)
+        except (BusError, OracleAnswerError, TimeoutError) as exc:
+            self.num_failures += 1
+            log.warning("steady planner: no plan this period: %s", exc)
+            return None
+        plan = decision.plan.model_copy(update={"decision_ms": decision_ms})
+        await publish_event(self.bus, subjects.PLAN_STEADY, plan)
+        self.last_plan = plan
+        self.num_plans += 1
+        log.info("steady plan %s: %s", plan.plan_id, plan.reason)
+        return plan
