@@ -1,0 +1,361 @@
+"""The dispatcher core: per-model global queues, EPDT per prefill instance, LST-IMH (or a baseline), load windows.
+
+Pure policy: every event method takes now_ms (one clock: wall-clock Unix ms in the service, virtual ms in the
+simulator) and returns effects for the caller to carry out. No I/O, no clock reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import inf
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from contracts import ErrorCode, GenerateRequest, InstanceRecord, InstanceRole, WorkerHeartbeat
+
+from .decode_routing import DecodeBacklog
+from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
+from .jobs import Job
+from .load_window import LoadWindow
+from .planner import plan_round
+from .policy import Algorithm, DispatchPolicy
+from .prefill_time import PrefillTimeModel
+from .registry import InstanceView
+from .requests import DispatchRequest
+
+
+@dataclass(slots=True)
+class _InFlight:
+    job: Job
+    instance_id: str
+
+
+class DispatcherCore:
+    """See docs/dispatcher.md for the event and effect reference."""
+
+    def __init__(
+        self, policy: DispatchPolicy, prefill_time: PrefillTimeModel, *, dispatcher_id: str = ""
+    ) -> None:
+        if not isinstance(policy, DispatchPolicy):
+            raise TypeError(f"policy must be a DispatchPolicy, got {type(policy).__name__}")
+        if not (hasattr(prefill_time, "predict_ms") and hasattr(prefill_time, "predict_many_ms")):
+            raise TypeError("prefill_time must implement PrefillTimeModel (predict_ms and predict_many_ms)")
+        self.policy = policy
+        self._prefill_time = prefill_time
+        self._dispatcher_id = dispatcher_id
+        self._view = InstanceView()
+        self._decode = DecodeBacklog()
+        self._queues: dict[str, dict[str, Job]] = {}  # model -> request id -> job, arrival order
+        self._queued_model: dict[str, str] = {}  # request id -> model, for every queued job
+        self._inflight: dict[str, _InFlight] = {}
+        self._windows: dict[str, LoadWindow] = {}
+        self._rr_cursor: dict[str, int] = {}
+        self._now_ms = float("-inf")
+        self._next_publish_ms: float | None = None
+
+    # ------------------------------------------------------------------ events
+
+    def on_request(self, now_ms: float, request: DispatchRequest | GenerateRequest) -> list[Effect]:
+        """A new request (from janus.req.<model>). A request id already queued or in flight is ignored (redelivery)."""
+        return self.on_requests(now_ms, [request])
+
+    def on_requests(self, now_ms: float, requests: Sequence[DispatchRequest | GenerateRequest]) -> list[Effect]:
+        """Several arrivals at once: one scheduling round per model instead of one per request."""
+        now = self._advance(now_ms)
+        models: dict[str, None] = {}  # arrival order of models, for a deterministic effect order
+        for raw in requests:
+            request = DispatchRequest.from_generate(raw) if isinstance(raw, GenerateRequest) else raw
+            if not isinstance(request, DispatchRequest):
+                raise TypeError(f"on_request takes DispatchRequest or GenerateRequest, got {type(raw).__name__}")
+            request_id = request.request_id
+            if request_id in self._inflight or request_id in self._queued_model:
+                continue
+            self._window(request.model, now).record_arrival(
+                now, request.num_prompt_tokens, request.expected_output_tokens
+            )
+            self._enqueue(Job.from_request(request))
+            models[request.model] = None
+        effects: list[Effect] = []
+        for model in models:
+            effects += self._dispatch(now, model)
+        return effects
+
+    def on_instances(self, now_ms: float, records: Iterable[InstanceRecord]) -> list[Effect]:
+        """A registry snapshot (the whole `instances` bucket). Only is_ready ACTIVE instances are routed to."""
+        now = self._advance(now_ms)
+        effects: list[Effect] = []
+        for instance_id in self._view.update(now, records):
+            effects += self._lose_instance(now, instance_id, is_ban=False)
+        for model in self._view.models():
+            self._window(model, now)
+        for model in list(self._queues):
+            effects += self._dispatch(now, model)
+        return effects
+
+    def on_heartbeat(self, now_ms: float, heartbeat: WorkerHeartbeat) -> list[Effect]:
+        """A worker heartbeat: decode instances' backlogs (waiting + running sequences) for decode routing."""
+        self._advance(now_ms)
+        for status in heartbeat.instances:
+            if status.role == InstanceRole.DECODE:
+                self._decode.report(status.instance_id, heartbeat.sent_unix_ms, status.num_waiting + status.num_running)
+        return []
+
+    def on_prefill_done(
+        self,
+        now_ms: float,
+        instance_id: str,
+        request_id: str,
+        ok: bool = True,
+        first_token_ms: float | None = None,
+    ) -> list[Effect]:
+        """A prefill finished (PrefillDone): correct the instance's EPDT. ok=False means it failed before its first
+        token: the request goes back to the queue (or fails once its attempts are used up)."""
+        now = self._advance(now_ms)
+        ledger = self._view.existing_ledger(instance_id)
+        if ledger is not None:
+            ledger.complete(now, request_id)
+        inflight = self._inflight.get(request_id)
+        if inflight is None or inflight.instance_id != instance_id:
+            return []  # duplicate, or a late report from an instance the request has since left
+        del self._inflight[request_id]
+        job = inflight.job
+        model = job.request.model
+        effects: list[Effect] = []
+        if ok:
+            first_ms = now if first_token_ms is None else first_token_ms
+            is_on_time = not job.is_late and first_ms <= job.request.ttft_deadline_ms
+            self._window(model, now).record_first_token(now, is_on_time)
+            self._decode.record_prefill_done(request_id, now)
+        else:
+            self._decode.forget_request(request_id)
+            effects += self._retry(now, job, instance_id)
+        return effects + self._dispatch(now, model)
+
+    def on_cancel(self, now_ms: float, request_id: str) -> list[Effect]:
+        """The client went away: forget the request wherever it is (the worker gets the cancel too)."""
+        now = self._advance(now_ms)
+        model = self._queued_model.pop(request_id, None)
+        if model is not None:
+            del self._queues[model][request_id]
+            return []
+        inflight = self._inflight.pop(request_id, None)
+        if inflight is None:
+            return []
+        ledger = self._view.existing_ledger(inflight.instance_id)
+        if ledger is not None:
+            ledger.remove(now, request_id)
+        self._decode.forget_request(request_id)
+        return self._dispatch(now, inflight.job.request.model)
+
+    def on_instance_lost(self, now_ms: float, instance_id: str) -> list[Effect]:
+        """The instance died (heartbeat timeout, lifecycle FAILED): what it held before the first token goes back to
+        the queue. Requests past their first token are not tracked here; the shell fails those."""
+        now = self._advance(now_ms)
+        effects = self._lose_instance(now, instance_id, is_ban=True)
+        record = self._view.record(instance_id)
+        models = [record.model] if record is not None else list(self._queues)
+        for model in models:
+            effects += self._dispatch(now, model)
+        return effects
+
+    def on_tick(self, now_ms: float) -> list[Effect]:
+        """Time passed (the shell calls this at next_wakeup_ms): run rounds that are due, publish load windows."""
+        now = self._advance(now_ms)
+        effects: list[Effect] = []
+        for model in list(self._queues):
+            effects += self._dispatch(now, model)
+        if self._next_publish_ms is not None and now >= self._next_publish_ms:
+            for model in sorted(self._windows):
+                depth = len(self._queues.get(model, ()))
+                effects.append(PublishLoad(self._windows[model].snapshot(now, depth, self._dispatcher_id)))
+            period = self.policy.publish_period_ms
+            self._next_publish_ms += period * ((now - self._next_publish_ms) // period + 1)
+        return effects
+
+    def next_wakeup_ms(self) -> float | None:
+        """When on_tick should next be called: about lookahead_ms before an instance with queued work ahead of it
+        frees up, when a late request turns hopeless, or at the next load-window publication."""
+        times: list[float] = []
+        if self._next_publish_ms is not None:
+            times.append(self._next_publish_ms)
+        if self.policy.algorithm == Algorithm.LST_IMH:
+            for model, queue in self._queues.items():
+                if not queue:
+                    continue
+                for record in self._view.prefill_instances(model):
+                    wake_ms = self._view.ledger(record.instance_id).epdt_ms - self.policy.lookahead_ms
+                    if wake_ms > self._now_ms:
+                        times.append(wake_ms)
+                times.extend(job.hopeless_at_ms for job in queue.values() if job.is_late and job.hopeless_at_ms < inf)
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ views (for the shell, tests, the simulator)
+
+    def queue_depth(self, model: str) -> int:
+        return len(self._queues.get(model, ()))
+
+    def epdt_ms(self, instance_id: str) -> float | None:
+        ledger = self._view.existing_ledger(instance_id)
+        return None if ledger is None else ledger.epdt_ms
+
+    def outstanding(self, instance_id: str) -> list[str]:
+        """Requests sent to the instance whose first token has not been reported, in assignment order."""
+        ledger = self._view.existing_ledger(instance_id)
+        return [] if ledger is None else ledger.outstanding_ids()
+
+    def pending_prefill_ms(self, instance_id: str) -> float:
+        ledger = self._view.existing_ledger(instance_id)
+        return 0.0 if ledger is None else ledger.pending_ms
+
+    def queued_ids(self, model: str) -> list[str]:
+        return list(self._queues.get(model, ()))
+
+    def inflight_ids(self) -> list[str]:
+        return list(self._inflight)
+
+    # ------------------------------------------------------------------ internals
+
+    def _advance(self, now_ms: float) -> float:
+        # One monotone clock: a wall clock stepping back a little must not reorder EPDTs and deadlines.
+        if not np.isfinite(now_ms):
+            raise ValueError(f"now_ms must be a finite number, got {now_ms!r}")
+        self._now_ms = max(self._now_ms, float(now_ms))
+        if self._next_publish_ms is None:
+            self._next_publish_ms = self._now_ms + self.policy.publish_period_ms
+        return self._now_ms
+
+    def _window(self, model: str, now: float) -> LoadWindow:
+        window = self._windows.get(model)
+        if window is None:
+            window = self._windows[model] = LoadWindow(model, self.policy.window_s, now)
+        return window
+
+    def _lose_instance(self, now: float, instance_id: str, is_ban: bool) -> list[Effect]:
+        effects: list[Effect] = []
+        self._decode.forget_instance(instance_id)
+        for request_id in self._view.mark_lost(now, instance_id, is_ban):
+            inflight = self._inflight.pop(request_id, None)
+            if inflight is not None:
+                effects += self._retry(now, inflight.job, instance_id)
+        return effects
+
+    def _retry(self, now: float, job: Job, instance_id: str) -> list[Effect]:
+        job.attempt += 1
+        model = job.request.model
+        if job.attempt >= self.policy.max_num_attempts:
+            return [self._reject(now, job, ErrorCode.INSTANCE_FAILED, f"instance {instance_id} failed before the "
+                                 f"first token on each of {job.attempt} attempts", retryable=True)]
+        self._enqueue(job)
+        return [Requeued(job.request.request_id, model, instance_id, job.attempt)]
+
+    def _enqueue(self, job: Job) -> None:
+        self._queues.setdefault(job.request.model, {})[job.request_id] = job
+        self._queued_model[job.request_id] = job.request.model
+
+    def _dequeue(self, queue: dict[str, Job], job: Job) -> None:
+        del queue[job.request_id]
+        del self._queued_model[job.request_id]
+
+    def _reject(self, now: float, job: Job, code: ErrorCode, reason: str, retryable: bool) -> Reject:
+        self._window(job.request.model, now).record_rejection(now)
+        return Reject(job.request.request_id, job.request.model, code, reason, retryable, job.request)
+
+    def _assign(self, now: float, job: Job, record: InstanceRecord, predicted_ms: float) -> Assign:
+        request = job.request
+        done_ms = self._view.ledger(record.instance_id).assign(now, request.request_id, predicted_ms)
+        self._inflight[request.request_id] = _InFlight(job, record.instance_id)
+        decode = None
+        if record.role == InstanceRole.PREFILL:
+            decode = self._decode.choose(self._view.decode_instances(request.model))
+            if decode is not None:
+                self._decode.record_sent(decode.instance_id, request.request_id)
+        return Assign(
+            request_id=request.request_id,
+            model=request.model,
+            instance_id=record.instance_id,
+            worker_id=record.worker_id,
+            predicted_prefill_ms=predicted_ms,
+            expected_done_ms=done_ms,
+            ttft_deadline_ms=job.deadline_ms,
+            is_late=job.is_late,
+            attempt=job.attempt,
+            request=request,
+            decode_instance_id=None if decode is None else decode.instance_id,
+            decode_worker_id=None if decode is None else decode.worker_id,
+        )
+
+    def _dispatch(self, now: float, model: str) -> list[Effect]:
+        queue = self._queues.get(model)
+        if not queue:
+            return []
+        instances = self._view.prefill_instances(model)
+        if not instances:
+            jobs = list(queue.values())
+            for job in jobs:
+                self._dequeue(queue, job)
+            return [
+                self._reject(now, job, ErrorCode.NO_INSTANCE, f"model {model!r} has no ready instance", True)
+                for job in jobs
+            ]
+        if self.policy.algorithm == Algorithm.LST_IMH:
+            return self._dispatch_lst_imh(now, model, queue, instances)
+        return self._dispatch_baseline(now, model, queue, instances)
+
+    def _dispatch_lst_imh(
+        self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
+    ) -> list[Effect]:
+        jobs = list(queue.values())
+        available_ms = [self._view.ledger(r.instance_id).available_ms(now) for r in instances]
+        num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
+        proc_ms = np.empty((len(instances), len(jobs)))
+        for i, record in enumerate(instances):
+            proc_ms[i] = self._prefill_time.predict_many_ms(record, num_prompt_tokens)
+        decision = plan_round(now, jobs, available_ms, proc_ms, self.policy)
+        effects: list[Effect] = []
+        for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
+            job = jobs[k]
+            job.deadline_ms, job.num_relaxations, job.is_late = deadline_ms, num_relaxations, True
+            effects.append(Relaxed(job.request_id, model, deadline_ms, num_relaxations))
+        for k, hopeless_ms in decision.hopeless_at_ms.items():
+            jobs[k].hopeless_at_ms = hopeless_ms
+        earliest_ms = min(available_ms) - now
+        for k in decision.rejected:
+            job = jobs[k]
+            self._dequeue(queue, job)
+            effects.append(
+                self._reject(
+                    now,
+                    job,
+                    ErrorCode.OVERLOADED,
+                    f"no ready instance of {model!r} can finish the prefill by the TTFT deadline "
+                    f"({len(instances)} instances, earliest free in {earliest_ms:.0f} ms, {len(jobs)} queued)",
+                    retryable=True,
+                )
+            )
+        for i, k, predicted_ms in decision.commits:
+            job = jobs[k]
+            self._dequeue(queue, job)
+            effects.append(self._assign(now, job, instances[i], predicted_ms))
+        return effects
+
+    def _dispatch_baseline(
+        self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
+    ) -> list[Effect]:
+        """Round-robin and least-load: deadline-blind, every request goes out at once, nothing is rejected late."""
+        effects: list[Effect] = []
+        ledgers = [self._view.ledger(r.instance_id) for r in instances]
+        for job in sorted(queue.values(), key=lambda j: (j.request.arrival_ms, j.request_id)):
+            if self.policy.algorithm == Algorithm.ROUND_ROBIN:
+                cursor = self._rr_cursor.get(model, 0)
+                chosen = cursor % len(instances)
+                self._rr_cursor[model] = cursor + 1
+            else:
+                chosen = min(
+                    range(len(instances)),
+                    key=lambda i: (max(now, ledgers[i].epdt_ms), ledgers[i].num_outstanding, instances[i].instance_id),
+                )
+            record = instances[chosen]
+            predicted_ms = float(self._prefill_time.predict_ms(record, job.request.num_prompt_tokens))
+            self._dequeue(queue, job)
+            effects.append(self._assign(now, job, record, predicted_ms))
+        return effects

@@ -1,0 +1,73 @@
+"""Per-model sliding load window: the numbers of contracts.ModelLoadWindow, published every 0.5 s."""
+from __future__ import annotations
+
+from collections import deque
+
+from contracts import LoadFeatures, ModelLoadWindow
+
+
+class LoadWindow:
+    """Arrivals (with lengths), first tokens (on time or not) and rejections of one model over the last window_s."""
+
+    def __init__(self, model: str, window_s: float, started_ms: float) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.model = model
+        self.window_ms = window_s * 1000.0
+        self._started_ms = started_ms
+        self._arrivals: deque[tuple[float, int, int]] = deque()  # (ms, prompt tokens, output tokens)
+        self._first_tokens: deque[tuple[float, bool]] = deque()  # (ms, is on time)
+        self._rejections: deque[float] = deque()
+
+    def record_arrival(self, now_ms: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
+        self._arrivals.append((now_ms, num_prompt_tokens, num_output_tokens))
+
+    def record_first_token(self, now_ms: float, is_on_time: bool) -> None:
+        self._first_tokens.append((now_ms, is_on_time))
+
+    def record_rejection(self, now_ms: float) -> None:
+        self._rejections.append(now_ms)
+
+    def _prune(self, now_ms: float) -> None:
+        cutoff = now_ms - self.window_ms
+        for events in (self._arrivals, self._first_tokens):
+            while events and events[0][0] <= cutoff:
+                events.popleft()
+        while self._rejections and self._rejections[0] <= cutoff:
+            self._rejections.popleft()
+
+    def snapshot(self, now_ms: float, queue_depth: int, dispatcher_id: str = "") -> ModelLoadWindow:
+        """The window ending at now_ms. Early on, rates use the time since the window started, not window_s."""
+        self._prune(now_ms)
+        span_s = max(min(self.window_ms, now_ms - self._started_ms), 1.0) / 1000.0
+        num_requests = len(self._arrivals)
+        if num_requests:
+            prompts = [a[1] for a in self._arrivals]
+            outputs = [a[2] for a in self._arrivals]
+            in_mean = sum(prompts) / num_requests
+            out_mean = sum(outputs) / num_requests
+            in_var = sum((x - in_mean) ** 2 for x in prompts) / num_requests
+            out_var = sum((x - out_mean) ** 2 for x in outputs) / num_requests
+            token_rate = (sum(prompts) + sum(outputs)) / span_s
+        else:
+            in_mean = out_mean = in_var = out_var = token_rate = 0.0
+        num_on_time = sum(1 for _, ok in self._first_tokens if ok)
+        num_late = len(self._first_tokens) - num_on_time
+        num_rejected = len(self._rejections)
+        num_outcomes = len(self._first_tokens) + num_rejected
+        return ModelLoadWindow(
+            model=self.model,
+            window_s=span_s,
+            end_unix_ms=now_ms,
+            num_requests=num_requests,
+            request_rate_rps=num_requests / span_s,
+            features=LoadFeatures(
+                token_rate_tps=token_rate, input_len_mean=in_mean, input_len_var=in_var, output_len_mean=out_mean
+            ),
+            output_len_var=out_var,
+            ttft_attainment=(num_on_time / num_outcomes) if num_outcomes else None,
+            num_rejected=num_rejected,
+            num_late=num_late,
+            queue_depth=queue_depth,
+            dispatcher_id=dispatcher_id,
+        )

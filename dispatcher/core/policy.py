@@ -1,0 +1,69 @@
+"""The dispatcher's knobs: one frozen model with the paper's defaults (DESIGN.md section 3)."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Algorithm(StrEnum):
+    """How a prefill instance is chosen. LST-IMH is the paper's; the other two are its baselines."""
+
+    LST_IMH = "lst_imh"
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+
+
+class OverloadPolicy(StrEnum):
+    """What LST-IMH does with a request no ready instance can finish before its deadline."""
+
+    REJECT = "reject"  # fail it at once with ErrorCode.OVERLOADED
+    REQUEUE = "requeue"  # keep it with a relaxed deadline; it is late and never counts as on time
+
+
+class DispatchPolicy(BaseModel):
+    """Dispatcher knobs. Defaults follow the paper; every knob is configurable."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: Algorithm = Algorithm.LST_IMH
+    overload: OverloadPolicy = OverloadPolicy.REJECT
+    lookahead_ms: float = Field(
+        default=20.0,
+        ge=0,
+        description="an instance whose EPDT is within this of now gets its planned requests; later ones keep "
+        "theirs in the global queue (late binding) and a round runs again this long before they free up",
+    )
+    is_late_binding: bool = Field(
+        default=True,
+        description="commit planned work only to instances within lookahead_ms of free (False: every instance's "
+        "whole plan is committed at once, the literal reading; kept for the ablation in docs/dispatcher.md)",
+    )
+    deadline_margin_frac: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="plans aim this share of the TTFT SLO before each deadline: slack for prefill-time prediction "
+        "error (0 plans to the edge; see docs/dispatcher.md for the measured effect)",
+    )
+    is_work_conserving: bool = Field(
+        default=True,
+        description="a near-free instance LST-IMH left empty takes the most urgent request planned on a later "
+        "instance instead of idling; late requests only fill such idle instances",
+    )
+    relaxation_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="requeue: each relaxation moves the deadline out by this many TTFT SLOs (d - a)",
+    )
+    max_num_relaxations: int = Field(
+        default=2, ge=1, description="requeue: after this many relaxations a still-infeasible request is rejected"
+    )
+    max_num_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="dispatches of one request; an instance that dies (or fails a prefill) before the first token "
+        "costs one",
+    )
+    window_s: float = Field(default=2.0, gt=0, description="length of the sliding load window")
+    publish_period_ms: float = Field(default=500.0, gt=0, description="how often a load window is published")
