@@ -1,28 +1,33 @@
-"""The worker service: one per device. Holds the resident model instances and their engines, runs the
-dispatcher's assignments, streams tokens straight to the gateway, heartbeats, and keeps its registry records true.
+"""The worker service: one per device. Holds the device's page pool (xTensor) shared by every engine on it, the
+Mooncake transfer engine, and the model instances with their lifecycle; runs the dispatcher's assignments (full,
+prefill, decode), streams tokens straight to the gateway, answers lifecycle commands, heartbeats, and keeps its
+registry records true.
+
+The shell only moves messages: lifecycle decisions come from worker/core/lifecycle.py through
+worker/lifecycle/controller.py, P/D hand-overs from worker/pd_flow.py.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Awaitable
 
 from opentelemetry.trace import SpanKind
 
 from contracts import (
     CancelRequest,
-    DeviceInfo,
     ErrorCode,
     ErrorInfo,
     InstanceRecord,
     InstanceRole,
-    InstanceStatus,
+    LifecycleAction,
+    LifecycleCommand,
+    LifecycleEvent,
+    LifecycleReply,
     ModelState,
-    PageCounters,
     Pool,
     PrefillDone,
     RunAssignment,
@@ -36,29 +41,21 @@ from runtime.jetstream import ensure_kv
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
+from .core.lifecycle import drain_decision
 from .core.streaming import RequestTrack, emissions_for, failure
 from .engine_loop import EngineLoop
+from .heartbeat import build_heartbeat
+from .lifecycle.commands import CommandBook
+from .lifecycle.controller import LifecycleController
+from .lifecycle.instance import ModelInstance
+from .lifecycle.parking import SteppedEngine
+from .pd_flow import PrefillDecodeFlow
 
 log = logging.getLogger("janus.worker")
 
 HEARTBEAT_PERIOD_S = 0.5
-
-
-@dataclass
-class Resident:
-    """One model instance on this worker."""
-
-    instance_id: str
-    model: str
-    role: InstanceRole
-    pool: Pool
-    state: ModelState
-    engine: object | None = None
-    in_flight: dict[str, RequestTrack] = field(default_factory=dict)
-
-    @property
-    def is_ready(self) -> bool:
-        return self.state == ModelState.ACTIVE and self.engine is not None
+STOP_DRAIN_TIMEOUT_S = 30.0
+RECORD_REFRESH_HEARTBEATS = 10  # the worker is the truth about its instances: re-assert records every 5 s
 
 
 class WorkerService(Service):
@@ -68,27 +65,57 @@ class WorkerService(Service):
         super().__init__(settings, cluster)
         self.worker_id = worker_id or settings.instance
         self.device = cluster.workers.device
-        self.residents: dict[str, Resident] = {}
+        self.pages = None  # worker.xtensor.XTensor, opened in start()
+        self.transfer = None  # worker.transfer.MooncakeTransfer, or None where it cannot run
+        self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None)
+        self.commands = CommandBook()
+        self.pd = PrefillDecodeFlow(self)
         self._tracks: dict[str, RequestTrack] = {}
         self._outputs: asyncio.Queue = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engine_loop = EngineLoop(self._from_engine_thread, self._engine_failed)
+        self._stepped: dict[str, SteppedEngine] = {}
         self._kv = None
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
         self._tracer = tracing.tracer("janus.worker")
 
+    @property
+    def residents(self) -> dict[str, ModelInstance]:
+        """Instances on this worker that are not cold, by instance id."""
+        return self.lifecycle.instances
+
     # --- start / stop ---
     async def start(self, bus: Bus) -> None:
         self._loop = asyncio.get_running_loop()
+        self._open_device()
         self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
         self._engine_loop.start()
         await bus.subscribe(subjects.worker_run(self.worker_id), RunAssignment, self._on_run)
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
+        await bus.subscribe(subjects.worker_cmd(self.worker_id), LifecycleCommand, self._on_command)
         self._tasks.append(asyncio.create_task(self._publish_outputs()))
+        # alive from the first moment: loading takes seconds, and a silent worker with records is a dead one
+        self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
         for model in self._bootstrap_models():
             await self.activate(model, f"{self.worker_id}/{model}")
-        self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
+
+    def _open_device(self) -> None:
+        from .xtensor import XTensor, XTensorConfig
+
+        workers = self.cluster.workers
+        config = XTensorConfig(page_size_bytes=workers.page_size_bytes)
+        self.pages = XTensor.open(self.device, workers.pool_bytes, config)
+        try:
+            from .transfer import MooncakeTransfer, TransferError
+
+            self.transfer = MooncakeTransfer.start()
+            region = self.pages.global_region
+            self.transfer.register(region.base_address, region.num_bytes)  # first: peers find it as our base
+        except (ImportError, TransferError) as exc:
+            log.warning("%s: no transfer engine (%s): no fork from or P/D to this worker", self.worker_id, exc)
+            self.transfer = None
+        self.lifecycle.transfer = self.transfer
 
     def _bootstrap_models(self) -> list[str]:
         placement = self.cluster.workers.placement
@@ -97,39 +124,51 @@ class WorkerService(Service):
         return [m.name for m in self.cluster.models]
 
     async def stop(self) -> None:
-        """Drain: leave the registry (no new work), finish what is in flight, then release."""
-        for res in self.residents.values():
-            res.state = ModelState.DRAINING
-            await self._put_record(res)
-        deadline = time.monotonic() + 30.0
-        while any(r.in_flight for r in self.residents.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for res in list(self.residents.values()):
-            for track in list(res.in_flight.values()):
-                await self._send(track, [failure(track, ErrorInfo(code=ErrorCode.INSTANCE_FAILED,
-                                                                  message="worker stopped", retryable=True))])
-            await self._delete_record(res)
+        """Drain: leave the registry (no new work), finish or hand back what is in flight, then release."""
+        for inst in list(self.residents.values()):
+            if inst.state == ModelState.ACTIVE and not inst.lock.locked():
+                event = inst.lifecycle.transition(ModelState.DRAINING, now_unix_ms=self.now_unix_ms(),
+                                                  reason="worker stopping", via="drain")
+                await self.on_transition(inst, event)
+        draining = [i for i in self.residents.values() if i.state == ModelState.DRAINING]
+        await asyncio.gather(*(self.drain(inst, STOP_DRAIN_TIMEOUT_S) for inst in draining), return_exceptions=True)
+        for inst in list(self.residents.values()):
+            try:  # a lifecycle operation still copying or loading must end before its pages go away
+                await asyncio.wait_for(inst.lock.acquire(), STOP_DRAIN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("%s: %s still busy at stop", self.worker_id, inst.instance_id)
+            await self._delete_record(inst)
         self._engine_loop.stop()
         for task in self._tasks:
             task.cancel()
+        if self.transfer is not None:
+            self.transfer.close()
+        if self.pages is not None:
+            self.pages.close()
 
-    # --- instances ---
+    # --- instances and their lifecycle ---
     async def activate(self, model: str, instance_id: str, role: InstanceRole = InstanceRole.COLOCATED,
-                       pool: Pool = Pool.STEADY) -> Resident:
-        spec = self.cluster.model(model)
-        if spec is None:
+                       pool: Pool = Pool.STEADY) -> ModelInstance:
+        """Bring an instance up (bootstrap placement); raises BusError when it cannot be."""
+        if self.cluster.model(model) is None:
             raise BusError.of(ErrorCode.UNKNOWN_MODEL, f"model {model} is not in the cluster config")
-        res = Resident(instance_id, model, role, pool, ModelState.LOADING)
-        self.residents[instance_id] = res
-        path = model_dir(spec, self.settings.models_dir)
-        res.engine = await asyncio.to_thread(self._load_engine, path, instance_id)
-        res.state = ModelState.ACTIVE
-        self._engine_loop.add(instance_id, res.engine)
-        await self._put_record(res)
+        cmd = LifecycleCommand(command_id=f"bootstrap-{instance_id}", worker_id=self.worker_id, model=model,
+                               instance_id=instance_id, action=LifecycleAction.ACTIVATE, role=role, pool=pool,
+                               issued_unix_ms=self.now_unix_ms())
+        reply = await self.commands.submit(cmd, self.lifecycle.execute)
+        if not reply.ok:
+            raise BusError(reply.error or ErrorInfo(code=ErrorCode.INTERNAL, message=reply.detail))
         log.info("%s: %s active", self.worker_id, instance_id)
-        return res
+        return self.residents[instance_id]
 
-    def _load_engine(self, path: Path, instance_id: str):
+    def _make_instance(self, cmd: LifecycleCommand) -> ModelInstance:
+        spec = self.cluster.model(cmd.model)
+        if spec is None:
+            raise ValueError(f"model {cmd.model} is not in the cluster config")
+        return ModelInstance(self.worker_id, cmd.model, cmd.instance_id, cmd.role, cmd.pool,
+                             model_dir(spec, self.settings.models_dir), self.pages, self._build_engine)
+
+    def _build_engine(self, path: Path, owner: str):
         if self.cluster.workers.engine == "echo":
             from .echo_engine import EchoEngine
 
@@ -138,49 +177,169 @@ class WorkerService(Service):
 
         # the gateway validates against the same max_model_len (runtime.catalog), so they agree by construction
         config = EngineConfig(max_num_seqs=self.cluster.workers.max_num_seqs, max_model_len=max_model_len(path))
-        return LLMEngine(path, device=self.device, config=config, owner=instance_id)
+        return LLMEngine(path, device=self.device, config=config, kv_source=self.pages, weight_source=self.pages,
+                         owner=owner)
 
-    async def _put_record(self, res: Resident) -> None:
-        stats = res.engine.stats() if res.engine is not None else None
-        record = InstanceRecord(instance_id=res.instance_id, model=res.model, worker_id=self.worker_id,
-                                role=res.role, pool=res.pool, state=res.state, is_ready=res.is_ready,
+    async def _on_command(self, cmd: LifecycleCommand, env: Envelope) -> None:
+        """Request/reply on janus.worker.<worker>.cmd; each command runs in its own task (one at a time per
+        instance) so a long load does not hold up the others, and a repeat gets the first one's answer."""
+        if self.is_stopping and cmd.command_id not in self.commands:
+            message = f"{self.worker_id} is stopping"
+            if env.reply:
+                await self.bus.publish(env.reply, LifecycleReply(
+                    command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False, state=ModelState.COLD,
+                    detail=message, error=ErrorInfo(code=ErrorCode.UNAVAILABLE, message=message, retryable=True)),
+                    propagate=False)
+            return
+        task = self.commands.submit(cmd, self.lifecycle.execute)
+        if env.reply:
+            asyncio.create_task(self._answer(task, cmd, env.reply))
+
+    async def _answer(self, task: asyncio.Task, cmd: LifecycleCommand, reply_subject: str) -> None:
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(task), cmd.deadline_ms / 1e3)
+        except asyncio.TimeoutError:
+            inst = self.residents.get(cmd.instance_id)
+            message = f"not done within {cmd.deadline_ms:.0f} ms; still running"
+            reply = LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False,
+                                   state=inst.state if inst else ModelState.COLD, detail=message,
+                                   error=ErrorInfo(code=ErrorCode.TIMEOUT, message=message, retryable=True))
+        await self.bus.publish(reply_subject, reply, propagate=False)
+
+    # LifecycleHost: what the controller asks of the shell
+    def now_unix_ms(self) -> float:
+        return time.time() * 1e3
+
+    async def on_transition(self, inst: ModelInstance, event: LifecycleEvent) -> None:
+        # the record first: leaving ACTIVE must stop admissions before anything else happens
+        if event.to_state == ModelState.COLD:
+            await self._delete_record(inst)
+        else:
+            await self._put_record(inst)
+        with contextlib.suppress(Exception):  # an event lost is not a reason to stop the transition
+            await self.bus.publish(subjects.LIFECYCLE_EVENT, event, propagate=False)
+
+    async def refresh_record(self, inst: ModelInstance) -> None:
+        """Write the record again as it is: someone else (a reconciler that thought us dead) may have changed it."""
+        await self._put_record(inst)
+
+    def start_serving(self, inst: ModelInstance) -> None:
+        stepped = SteppedEngine(inst.engine)
+        self._stepped[inst.instance_id] = stepped
+        self._engine_loop.add(inst.instance_id, stepped)
+
+    def stop_serving(self, inst: ModelInstance) -> None:
+        stepped = self._stepped.pop(inst.instance_id, None)
+        if stepped is not None:
+            stepped.park()
+        self._engine_loop.remove(inst.instance_id)
+
+    async def drain(self, inst: ModelInstance, timeout_s: float) -> dict[str, float]:
+        """Not ready in the registry already. Hand back what has no first token yet, let the rest finish (and the
+        P/D reservations be handed over), fail what is still there at the deadline."""
+        started = time.monotonic()
+        decision = drain_decision({rid: t.first_token_unix_ms is not None for rid, t in inst.in_flight.items()})
+        for rid in decision.hand_back_ids:
+            track = inst.in_flight.get(rid)
+            if track is None:
+                continue
+            if inst.engine is not None:
+                inst.engine.abort(rid)
+            await self._hand_back(track)
+        self.wake_engines()
+        deadline = started + timeout_s
+        while (inst.in_flight or inst.reservations) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for track in list(inst.in_flight.values()):
+            if inst.engine is not None:
+                inst.engine.abort(track.request_id)
+            await self.send(track, [failure(track, ErrorInfo(
+                code=ErrorCode.INSTANCE_FAILED, retryable=False,
+                message=f"{inst.instance_id} was deactivated before the request finished"))])
+        for rid in list(inst.reservations):
+            self.pd.release_reservation(inst, rid)
+        await self._settle(inst)
+        return {"drain_ms": (time.monotonic() - started) * 1e3}
+
+    async def _settle(self, inst: ModelInstance, timeout_s: float = 5.0) -> None:
+        """Let the engine loop step out the aborts just queued, so no work is left when the engine is parked."""
+        deadline = time.monotonic() + timeout_s
+        while inst.engine is not None and inst.engine.has_unfinished() and time.monotonic() < deadline:
+            self.wake_engines()
+            await asyncio.sleep(0.01)
+
+    async def _put_record(self, inst: ModelInstance) -> None:
+        stats = inst.engine.stats() if inst.engine is not None else None
+        record = InstanceRecord(instance_id=inst.instance_id, model=inst.model, worker_id=self.worker_id,
+                                role=inst.role, pool=inst.pool_kind, state=inst.state, is_ready=inst.is_ready,
                                 prefill_tokens_per_s=getattr(stats, "prefill_tokens_per_s", None),
-                                max_num_seqs=self.cluster.workers.max_num_seqs, updated_unix_ms=time.time() * 1e3)
-        await self._kv.put(subjects.instance_key(res.instance_id), record.model_dump_json().encode())
+                                max_num_seqs=self.cluster.workers.max_num_seqs, updated_unix_ms=self.now_unix_ms())
+        await self._kv.put(subjects.instance_key(inst.instance_id), record.model_dump_json().encode())
 
-    async def _delete_record(self, res: Resident) -> None:
+    async def _delete_record(self, inst: ModelInstance) -> None:
         with contextlib.suppress(Exception):
-            await self._kv.delete(subjects.instance_key(res.instance_id))
+            await self._kv.delete(subjects.instance_key(inst.instance_id))
 
     # --- requests ---
+    def instance_of(self, track: RequestTrack) -> ModelInstance | None:
+        return self.residents.get(track.instance_id)
+
+    def track(self, inst: ModelInstance, track: RequestTrack) -> None:
+        self._tracks[track.request_id] = track
+        inst.in_flight[track.request_id] = track
+
+    def wake_engines(self) -> None:
+        self._engine_loop.wake()
+
     async def _on_run(self, run: RunAssignment, env: Envelope) -> None:
         req = run.request
-        res = self.residents.get(run.instance_id)
-        now = time.time() * 1e3
+        inst = self.residents.get(run.instance_id)
+        if run.phase == "decode":
+            await self.pd.serve_decode(run, env, inst)
+            return
         track = RequestTrack(request_id=req.request_id, model=req.model, instance_id=run.instance_id,
                              reply_subject=req.reply_subject, num_prompt_tokens=req.num_prompt_tokens,
-                             started_unix_ms=now, want_logprobs=req.sampling.logprobs)
-        if res is None or not res.is_ready:
+                             started_unix_ms=self.now_unix_ms(), want_logprobs=req.sampling.logprobs)
+        if inst is None or not inst.is_ready:
             # the registry said ready, we are not (any more): nothing reached the client yet, so the dispatcher
             # takes it back and tries another instance
-            log.warning("%s: %s is not ready; handing %s back", self.worker_id, run.instance_id, req.request_id)
+            log.info("%s: %s is not ready; handing %s back", self.worker_id, run.instance_id, req.request_id)
             await self._hand_back(track)
             return
         track.span = self._tracer.start_span("worker generate", kind=SpanKind.INTERNAL)
-        self._tracks[req.request_id] = track
-        res.in_flight[req.request_id] = track
-        res.engine.add_request(req.request_id, list(req.prompt_token_ids), req.sampling)
-        self._engine_loop.wake()
+        self.track(inst, track)
+        if run.phase == "prefill":
+            # asks the decode worker first: off this subscription, which must keep taking messages (maybe that
+            # very reservation request, when the decode instance lives on this worker)
+            asyncio.create_task(self._start(track, self.pd.start_prefill(run, inst, track)))
+            return
+        await self._start(track, self._add_full(inst, run))
+
+    @staticmethod
+    async def _add_full(inst: ModelInstance, run: RunAssignment) -> None:
+        req = run.request
+        inst.engine.add_request(req.request_id, list(req.prompt_token_ids), req.sampling)
+
+    async def _start(self, track: RequestTrack, starting: Awaitable[None]) -> None:
+        try:
+            await starting
+        except ValueError as exc:  # the engine refuses the input: a clear error, nothing was streamed
+            await self.send(track, [failure(track, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=str(exc)))])
+            return
+        self.wake_engines()
 
     async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
+        for inst in self.residents.values():
+            if cancel.request_id in inst.reservations:
+                self.pd.release_reservation(inst, cancel.request_id)
         track = self._tracks.get(cancel.request_id)
         if track is None:
             return
         track.is_cancelled = True
-        engine = self._engine_loop.get(track.instance_id)
-        if engine is not None:
-            engine.abort(cancel.request_id)
-            self._engine_loop.wake()
+        inst = self.instance_of(track)
+        if inst is not None and inst.engine is not None:
+            inst.engine.abort(cancel.request_id)
+            self.wake_engines()
 
     def _from_engine_thread(self, instance_id: str, outputs: list) -> None:
         self._loop.call_soon_threadsafe(self._outputs.put_nowait, (instance_id, outputs))
@@ -195,26 +354,29 @@ class WorkerService(Service):
                 if isinstance(outputs, BaseException):
                     await self._fail_instance(instance_id, outputs)
                     continue
-                now = time.time() * 1e3
+                now = self.now_unix_ms()
                 for out in outputs:
                     track = self._tracks.get(out.request_id)
-                    if track is None:
+                    if track is None or track.is_finished:
+                        continue
+                    if track.extra.get("phase") == "prefill" and out.token_ids:
+                        await self.pd.on_prefill_output(track, out, now)
                         continue
                     emission = emissions_for(track, out, worker_id=self.worker_id, now_unix_ms=now)
                     if emission.prefill_done is not None:
                         await self.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
-                    await self._send(track, emission.to_client)
+                    await self.send(track, emission.to_client)
             except Exception:  # noqa: BLE001 - keep publishing for everyone else
                 log.exception("%s: publishing outputs failed", self.worker_id)
 
-    async def _send(self, track: RequestTrack, events: list) -> None:
+    async def send(self, track: RequestTrack, events: list) -> None:
         for event in events:
             await self.bus.publish(track.reply_subject, event, propagate=False)
         if track.is_finished:
             self._tracks.pop(track.request_id, None)
-            res = self.residents.get(track.instance_id)
-            if res is not None:
-                res.in_flight.pop(track.request_id, None)
+            inst = self.instance_of(track)
+            if inst is not None:
+                inst.in_flight.pop(track.request_id, None)
             if track.span is not None:
                 track.span.set_attribute("janus.output_tokens", track.num_output_tokens)
                 track.span.end()
@@ -224,49 +386,41 @@ class WorkerService(Service):
         track.is_finished = True
         done = PrefillDone(request_id=track.request_id, model=track.model, worker_id=self.worker_id,
                            instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens, prefill_ms=0.0,
-                           first_token_unix_ms=time.time() * 1e3, ok=False)
+                           first_token_unix_ms=self.now_unix_ms(), ok=False)
         await self.bus.publish(subjects.PREFILL_DONE, done, propagate=False)
-        await self._send(track, [])
+        await self.send(track, [])
 
     async def _fail_instance(self, instance_id: str, exc: BaseException) -> None:
-        res = self.residents.get(instance_id)
-        if res is None:
+        inst = self.residents.get(instance_id)
+        if inst is None:
             return
-        res.state = ModelState.FAILED
-        await self._put_record(res)
-        for track in list(res.in_flight.values()):
+        self._stepped.pop(instance_id, None)
+        await self.lifecycle.engine_failed(inst, f"engine failed: {exc}")
+        for track in list(inst.in_flight.values()):
             if track.first_token_unix_ms is None:
                 await self._hand_back(track)
                 continue
             err = ErrorInfo(code=ErrorCode.INSTANCE_FAILED, message=f"engine failed after streaming began: {exc}")
-            await self._send(track, [failure(track, err)])
+            await self.send(track, [failure(track, err)])
 
     # --- telemetry ---
     def heartbeat(self) -> WorkerHeartbeat:
         self._seq += 1
-        statuses = []
-        for res in self.residents.values():
-            st = res.engine.stats() if res.engine is not None else None
-            statuses.append(InstanceStatus(
-                instance_id=res.instance_id, model=res.model, role=res.role, pool=res.pool, state=res.state,
-                num_waiting=getattr(st, "num_waiting", 0), num_running=getattr(st, "num_running", 0),
-                num_kv_blocks_used=getattr(st, "num_kv_blocks_used", 0),
-                num_kv_blocks_free=getattr(st, "num_kv_blocks_free", 0),
-                ttft_ms_p50=getattr(st, "ttft_ms_p50", None), tpot_ms_p50=getattr(st, "tpot_ms_p50", None),
-                prefill_tokens_per_s=getattr(st, "prefill_tokens_per_s", None),
-                decode_tokens_per_s=getattr(st, "decode_tokens_per_s", None)))
-        pool_bytes = self.cluster.workers.pool_bytes
-        page = self.cluster.workers.page_size_bytes
-        pages = PageCounters(page_size_bytes=page, num_pages_total=pool_bytes // page,
-                             num_pages_free=pool_bytes // page, fragmentation=0.0)
-        return WorkerHeartbeat(worker_id=self.worker_id, seq=self._seq, sent_unix_ms=time.time() * 1e3,
-                               device=DeviceInfo(kind="cpu", name=platform.processor() or platform.machine(),
-                                                 hbm_bytes=pool_bytes),
-                               pages=pages, instances=tuple(statuses), is_draining=self.is_stopping)
+        return build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, self.residents,
+                               self.transfer.session if self.transfer else "", self.is_stopping)
 
     async def _heartbeat_forever(self) -> None:
         while True:
             try:
+                for inst in list(self.residents.values()):
+                    self.pd.expire_reservations(inst, time.monotonic())
+                if self._seq % RECORD_REFRESH_HEARTBEATS == 0:
+                    for inst in list(self.residents.values()):
+                        if inst.lock.locked():
+                            continue  # a command is changing it: its transitions write the record
+                        async with inst.lock:  # no transition may slip in between reading and writing it
+                            if inst.state != ModelState.COLD:
+                                await self._put_record(inst)
                 await self.bus.publish(subjects.worker_telemetry(self.worker_id), self.heartbeat(), propagate=False)
             except Exception:  # noqa: BLE001 - a missed heartbeat is not fatal; the next one may go through
                 log.warning("%s: heartbeat not sent", self.worker_id, exc_info=True)
@@ -274,4 +428,5 @@ class WorkerService(Service):
 
     def health_detail(self) -> dict[str, str]:
         return {"worker_id": self.worker_id,
-                "instances": ",".join(f"{r.instance_id}:{r.state.value}" for r in self.residents.values())}
+                "instances": ",".join(f"{i.instance_id}:{i.state.value}" for i in self.residents.values()),
+                "transfer_session": self.transfer.session if self.transfer else ""}

@@ -1,0 +1,245 @@
+"""Oracle accuracy on held-out profiles and the fast-path tick time, each figure beside a baseline from the same run.
+
+    .venv/bin/python -m oracle.profile --model demo-tiny --out artifacts/oracle/demo-tiny.json     # ~10 min
+    .venv/bin/python bench/oracle.py --profile artifacts/oracle/demo-tiny.json
+
+Accuracy: K-fold cross-validation over the profile's grid points (a point's replicas stay in one fold, so no
+measurement of a held-out point is trained on). Baseline: the roofline model calibrated to the same engine (its
+efficiencies are stored in the profile), on the same held-out points. Tick: one elastic-scaler tick, the binary
+search of planner.core.replica_search over m = 1..64 for 62 models (one batched oracle call per round), with the
+profile's fitted Elasticity GP installed for every model; baseline: the same tick answered by the roofline.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from contracts import ElasticityItem, ElasticityQuery  # noqa: E402
+from oracle.core import ModelProfile, Oracle, OraclePolicy, TrainingSet  # noqa: E402
+from oracle.core.features import capacity_inputs, elasticity_inputs  # noqa: E402
+from oracle.roofline import Efficiency, RooflineModel  # noqa: E402
+from oracle.specs import DeviceSpec, ModelShape  # noqa: E402
+
+PAPER = {"att_median": 2.5, "att_p90": 19.0, "compute_p90": 24.0, "bandwidth_p90": 23.0}
+
+
+def roofline_of(ts: TrainingSet) -> RooflineModel:
+    meta = ts.meta
+    return RooflineModel(DeviceSpec(**meta["device"]), ModelShape(**meta["shape"]),
+                         efficiency=Efficiency(**meta["efficiency"]))
+
+
+def folds_of(ts: TrainingSet, num_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fold of each elasticity sample and of each capacity sample (grouped by grid point)."""
+    num_points = len(ts.elasticity)
+    point_fold = np.random.default_rng(seed).permutation(num_points) % num_folds
+    replicas = [s.num_replicas for s in ts.elasticity]
+    if sum(replicas) != len(ts.capacity):
+        raise SystemExit("profile: capacity samples do not line up with grid points (one per replica)")
+    return point_fold, np.repeat(point_fold, replicas)
+
+
+def pct(values: list[float] | np.ndarray, q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def accuracy(ts: TrainingSet, num_folds: int, k: float, seed: int, target: str) -> dict[str, dict[str, float]]:
+    from oracle.gp import fit_capacity, fit_elasticity
+
+    policy = OraclePolicy(attainment_target=target)
+    roofline = roofline_of(ts)
+    point_fold, cap_fold = folds_of(ts, num_folds, seed)
+    att = {"gp": [], "roofline": []}
+    att_in_band = {"gp": [], "roofline": []}
+    need_rel = {name: {"hbm": [], "compute": [], "bandwidth": []} for name in ("gp", "roofline")}
+    need_in_band = {name: [] for name in ("gp", "roofline")}
+    rf_att_std, rf_rel_std = 0.1, 0.25  # ModelProfile defaults: what the oracle says the roofline's error is
+    for fold in range(num_folds):
+        train_e = [s for s, f in zip(ts.elasticity, point_fold) if f != fold]
+        test_e = [s for s, f in zip(ts.elasticity, point_fold) if f == fold]
+        train_c = [s for s, f in zip(ts.capacity, cap_fold) if f != fold]
+        test_c = [s for s, f in zip(ts.capacity, cap_fold) if f == fold]
+        if not test_e:
+            continue
+        ela = fit_elasticity(train_e, policy)
+        mean, std = ela.predict(elasticity_inputs([s.features for s in test_e], [s.num_replicas for s in test_e]))
+        truth = np.array([s.attainment for s in test_e])
+        att["gp"].extend(np.abs(mean - truth) * 100)
+        att_in_band["gp"].extend(np.abs(mean - truth) <= k * std)
+        rf = np.array([roofline.attainment(s.features, s.num_replicas, ts.ttft_slo_ms, ts.tpot_slo_ms)
+                       for s in test_e])
+        att["roofline"].extend(np.abs(rf - truth) * 100)
+        att_in_band["roofline"].extend(np.abs(rf - truth) <= k * rf_att_std)
+
+        cap = fit_capacity(train_c, policy)
+        c_mean, c_std = cap.predict(capacity_inputs([s.features for s in test_c]))
+        c_truth = np.array([s.needs.as_tuple() for s in test_c])
+        c_rf = np.array([roofline.needs(s.features, ts.tpot_slo_ms).as_tuple() for s in test_c])
+        for j, dim in enumerate(("hbm", "compute", "bandwidth")):
+            need_rel["gp"][dim].extend(100 * np.abs(c_mean[:, j] - c_truth[:, j]) / c_truth[:, j])
+            need_rel["roofline"][dim].extend(100 * np.abs(c_rf[:, j] - c_truth[:, j]) / c_truth[:, j])
+        need_in_band["gp"].extend((np.abs(c_mean - c_truth) <= k * c_std)[:, 1:].ravel())
+        need_in_band["roofline"].extend((np.abs(c_rf - c_truth) <= k * rf_rel_std * c_rf)[:, 1:].ravel())
+    out = {}
+    for name in ("gp", "roofline"):
+        out[name] = {
+            "att_median": pct(att[name], 50), "att_p90": pct(att[name], 90),
+            "compute_p90": pct(need_rel[name]["compute"], 90), "bandwidth_p90": pct(need_rel[name]["bandwidth"], 90),
+            "hbm_p90": pct(need_rel[name]["hbm"], 90),
+            "att_in_band": 100 * float(np.mean(att_in_band[name])),
+            "needs_in_band": 100 * float(np.mean(need_in_band[name])),
+            "num_points": len(att[name]), "num_capacity": len(need_rel[name]["compute"]),
+        }
+    return out
+
+
+def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: int, seed: int) \
+        -> dict[str, float]:
+    from oracle.gp import fit_elasticity
+    from planner.core.replica_search import search_min_replicas
+
+    roofline = roofline_of(ts)
+    rng = np.random.default_rng(seed)
+    predictor = fit_elasticity(ts.elasticity, OraclePolicy())
+    names = [f"app-{i:02d}" for i in range(num_models)]
+    profile = ModelProfile(roofline, ts.ttft_slo_ms, ts.tpot_slo_ms)
+    gp_oracle = Oracle({n: profile for n in names}, policy=OraclePolicy(max_grid_replicas=max_replicas))
+    rf_oracle = Oracle({n: profile for n in names})
+    for name in names:
+        # one fit, a distinct copy per app: the oracle evaluates each model on its own (no sharing to exploit),
+        # so the cost is that of 62 models fitted on as many points
+        gp_oracle.install(name, elasticity=copy.deepcopy(predictor))
+    samples = [ts.elasticity[i] for i in rng.integers(0, len(ts.elasticity), num_models)]
+    scale = np.exp(rng.uniform(np.log(0.5), np.log(8.0), num_models))  # loads spread over the profile and beyond
+    features = {n: s.features.model_copy(update={"token_rate_tps": s.features.token_rate_tps * f})
+                for n, s, f in zip(names, samples, scale)}
+
+    def timed(oracle: Oracle, ticks: int) -> tuple[list[float], int]:
+        times, rounds = [], 0
+        for tick in range(ticks):
+            # every tick sees new load windows (as every 0.5 s in production): nothing is cached across ticks
+            now = {n: f.model_copy(update={"token_rate_tps": f.token_rate_tps * (1 + 1e-6 * (tick + 1))})
+                   for n, f in features.items()}
+            started = time.perf_counter()
+            result = search_min_replicas(oracle, now, target_attainment=0.9, k_sigma=1.0,
+                                         max_num_replicas=max_replicas)
+            times.append((time.perf_counter() - started) * 1e3)
+            rounds = max(r.num_rounds for r in result.values())
+        return times, rounds
+
+    timed(gp_oracle, 2)  # warm caches
+    gp_times, gp_rounds = timed(gp_oracle, num_ticks)
+    rf_times, rf_rounds = timed(rf_oracle, max(2, num_ticks // 5))
+    grid_query = ElasticityQuery(items=tuple(ElasticityItem(model=n, features=features[n],
+                                                            replicas=tuple(range(1, max_replicas + 1)))
+                                             for n in names))
+    grid_times = []
+    for tick in range(num_ticks):
+        query = grid_query.model_copy(update={"k_sigma": 1.0 + 1e-6 * tick})  # defeat the per-tick cache
+        started = time.perf_counter()
+        gp_oracle.elasticity(query)
+        grid_times.append((time.perf_counter() - started) * 1e3)
+    return {"gp_ms": statistics.median(gp_times), "gp_p90_ms": pct(gp_times, 90), "gp_rounds": gp_rounds,
+            "roofline_ms": statistics.median(rf_times), "roofline_rounds": rf_rounds,
+            "grid_call_ms": statistics.median(grid_times), "train_points": predictor.posterior.num_train}
+
+
+def fit_speed(ts: TrainingSet, seed: int) -> list[tuple[str, float, float]]:
+    """Elasticity GP on fold 0's training points: L-BFGS (40 iterations, the default) vs Adam (100 steps at lr 0.1,
+    the usual gpytorch recipe); fit seconds and held-out MAE in points."""
+    from oracle.gp import fit_exact_gp
+
+    point_fold, _ = folds_of(ts, 5, seed)
+    train = [s for s, f in zip(ts.elasticity, point_fold) if f != 0]
+    test = [s for s, f in zip(ts.elasticity, point_fold) if f == 0]
+    x = elasticity_inputs([s.features for s in train], [s.num_replicas for s in train])
+    y = np.array([s.attainment for s in train])
+    x_test = elasticity_inputs([s.features for s in test], [s.num_replicas for s in test])
+    y_test = np.array([s.attainment for s in test])
+    fit_exact_gp(x, y, num_iters=5)  # pay torch's first-call costs outside the timing
+    rows = []
+    for name, kwargs in (("L-BFGS, 40 iterations", {"num_iters": 40, "optimizer": "lbfgs"}),
+                         ("Adam, 100 steps", {"num_iters": 100, "optimizer": "adam"})):
+        started = time.perf_counter()
+        posterior = fit_exact_gp(x, y, **kwargs)
+        seconds = time.perf_counter() - started
+        mean, _ = posterior.predict(x_test)
+        rows.append((name, seconds, 100 * float(np.mean(np.abs(np.clip(mean[:, 0], 0, 1) - y_test)))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", required=True, nargs="+",
+                        help="TrainingSet JSON(s) written by python -m oracle.profile (several: merged)")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--k-sigma", type=float, default=2.0, help="calibration band: |error| <= k sigma")
+    parser.add_argument("--models", type=int, default=62)
+    parser.add_argument("--max-replicas", type=int, default=64)
+    parser.add_argument("--ticks", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fit-speed", action="store_true", help="also compare GP optimisers (L-BFGS vs Adam)")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    ts = TrainingSet.load(args.profile[0])
+    for path in args.profile[1:]:
+        other = TrainingSet.load(path)
+        if (other.ttft_slo_ms, other.tpot_slo_ms) != (ts.ttft_slo_ms, ts.tpot_slo_ms):
+            raise SystemExit(f"{path}: other SLOs than {args.profile[0]}: profiles of one model, same SLOs only")
+        ts.extend(other)
+    command = "python bench/oracle.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"# oracle bench: {ts.model}, {len(ts.elasticity)} grid points, {len(ts.capacity)} replica samples, "
+          f"SLO TTFT {ts.ttft_slo_ms:g} ms / TPOT {ts.tpot_slo_ms:g} ms\n# command: {command}\n")
+
+    print(f"## Accuracy on held-out profiles ({args.folds}-fold CV by grid point)\n")
+    print("| figure | paper | GP (identity) | GP (logit) | roofline (calibrated, same points) | GP / roofline |")
+    print("|---|---|---|---|---|---|")
+    results = {t: accuracy(ts, args.folds, args.k_sigma, args.seed, t) for t in ("identity", "logit")}
+    ident, logit = results["identity"], results["logit"]
+    rows = [("attainment abs error, median (points)", "att_median"), ("attainment abs error, P90 (points)", "att_p90"),
+            ("compute need rel error, P90 (%)", "compute_p90"), ("bandwidth need rel error, P90 (%)", "bandwidth_p90"),
+            ("HBM need rel error, P90 (%)", "hbm_p90"),
+            (f"attainment inside +-{args.k_sigma:g} sigma (%)", "att_in_band"),
+            (f"compute/bandwidth inside +-{args.k_sigma:g} sigma (%)", "needs_in_band")]
+    for label, key in rows:
+        paper = PAPER.get(key)
+        rf = ident["roofline"][key]
+        gp = ident["gp"][key]
+        ratio = gp / rf if rf else float("nan")
+        print(f"| {label} | {paper if paper is not None else '-'} | {gp:.1f} | {logit['gp'][key]:.1f} | {rf:.1f} | "
+              f"{ratio:.2f} |")
+    print(f"\n(held-out: {ident['gp']['num_points']} grid points, {ident['gp']['num_capacity']} replica samples; "
+          f"the roofline's sigma is the oracle's default for it: 0.1 attainment, 25 % of a need)\n")
+
+    print(f"## Fast-path tick: {args.models} elastic models, binary search over m = 1..{args.max_replicas}\n")
+    t = tick_time(ts, args.models, args.max_replicas, args.ticks, args.seed)
+    print("| figure | GP oracle | roofline oracle (baseline) | GP / roofline | goal |")
+    print("|---|---|---|---|---|")
+    print(f"| one tick, median (ms) | {t['gp_ms']:.1f} | {t['roofline_ms']:.1f} | "
+          f"{t['gp_ms'] / t['roofline_ms']:.2f} | <= 20 |")
+    print(f"| one tick, P90 (ms) | {t['gp_p90_ms']:.1f} | - | - | - |")
+    print(f"| batched oracle calls per tick | {t['gp_rounds']} | {t['roofline_rounds']} | - | - |")
+    print(f"| one call, every m = 1..{args.max_replicas} for all models (ms) | {t['grid_call_ms']:.1f} | - | - | - |")
+    print(f"\n(GP trained on {t['train_points']} points; median of {args.ticks} ticks)")
+    if args.fit_speed:
+        rows = fit_speed(ts, args.seed)
+        print("\n## GP fit: optimisers on the same data (Elasticity GP, fold 0)\n")
+        print("| optimiser | fit (s) | held-out MAE (points) | time / Adam | MAE / Adam |")
+        print("|---|---|---|---|---|")
+        base = rows[-1]
+        for name, seconds, mae in rows:
+            print(f"| {name} | {seconds:.2f} | {mae:.1f} | {seconds / base[1]:.2f} | {mae / base[2]:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

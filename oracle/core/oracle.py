@@ -1,0 +1,326 @@
+"""The Oracle: batched Capacity and Elasticity answers per model, from fitted GPs or, where a model has none yet,
+from its roofline model; learns online from samples and refits on request (oracle/core/refit.py runs refits in a
+background thread). Pure: no I/O, no clock (times are passed in), no torch (training is injected, default
+oracle.gp, imported only when a refit runs).
+
+Predictions read the current predictor of a model through one dict lookup; a refit builds a new predictor off to
+the side and swaps it in with one assignment, so predictions never wait for a refit.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+from contracts import (
+    CapacityPrediction,
+    CapacityQuery,
+    CapacityReply,
+    ElasticityItem,
+    ElasticityPrediction,
+    ElasticityQuery,
+    ElasticityReply,
+    LoadFeatures,
+    ModelLoadWindow,
+    NeedVector,
+)
+
+from ..roofline import RooflineModel
+from .dataset import CapacitySample, ElasticitySample, TrainingSet
+from .features import capacity_inputs, elasticity_grid
+from .monotone import monotone_attainment
+from .policy import OraclePolicy
+from .predictors import CapacityPredictor, ElasticityPredictor
+from .stacked import StackedElasticity
+
+Kind = Literal["capacity", "elasticity"]
+GRID_CACHE_SIZE = 4096  # corrected attainment grids kept (one per model and load in a tick)
+CapacityTrainer = Callable[[Sequence[CapacitySample], OraclePolicy], CapacityPredictor]
+ElasticityTrainer = Callable[[Sequence[ElasticitySample], OraclePolicy], ElasticityPredictor]
+
+
+class UnknownModelError(KeyError):
+    """The oracle has neither a fitted GP nor a roofline profile for this model."""
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the oracle knows about a model before any measurement: its roofline model, its SLOs, and how unsure
+    the roofline is (its answers carry these as std: relative for needs, absolute for attainment)."""
+
+    roofline: RooflineModel
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+    roofline_need_rel_std: float = 0.25
+    roofline_attainment_std: float = 0.1
+
+    @property
+    def version(self) -> str:
+        r = self.roofline
+        e = r.efficiency
+        return (f"roofline-{r.device.name}-{r.shape.name}-tp{r.tp}-mfu{e.mfu:g}-mbu{e.mbu:g}"
+                f"-oh{e.step_overhead_ms:g}ms-slo{self.ttft_slo_ms:g}/{self.tpot_slo_ms:g}")
+
+
+class Oracle:
+    def __init__(self, profiles: dict[str, ModelProfile] | None = None, policy: OraclePolicy | None = None,
+                 capacity_trainer: CapacityTrainer | None = None,
+                 elasticity_trainer: ElasticityTrainer | None = None):
+        self.policy = policy or OraclePolicy()
+        self._profiles: dict[str, ModelProfile] = dict(profiles or {})
+        self._capacity: dict[str, CapacityPredictor] = {}
+        self._elasticity: dict[str, ElasticityPredictor] = {}
+        self._capacity_samples: dict[str, list[CapacitySample]] = defaultdict(list)
+        self._elasticity_samples: dict[str, list[ElasticitySample]] = defaultdict(list)
+        self._num_fitted: dict[tuple[str, Kind], int] = {}
+        self._last_refit_s: dict[tuple[str, Kind], float] = {}
+        self._lock = threading.Lock()  # guards the sample lists and the refit bookkeeping, never a prediction
+        self._grid_cache: dict[tuple, tuple[tuple[float, ...], ...]] = {}
+        self._stack_cache: tuple[tuple, StackedElasticity] | None = None
+        self._capacity_trainer = capacity_trainer
+        self._elasticity_trainer = elasticity_trainer
+
+    # --- configuration ---------------------------------------------------------------------------------------
+    def register(self, model: str, profile: ModelProfile) -> None:
+        self._profiles[model] = profile
+
+    def install(self, model: str, capacity: CapacityPredictor | None = None,
+                elasticity: ElasticityPredictor | None = None) -> None:
+        """Swap in fitted predictors for a model (one assignment each: a prediction in flight sees old or new)."""
+        if capacity is not None:
+            self._capacity[model] = capacity
+        if elasticity is not None:
+            self._elasticity[model] = elasticity
+
+    def versions(self, model: str) -> dict[str, str]:
+        """The version each question about `model` is answered with now."""
+        profile = self._profiles.get(model)
+        fallback = profile.version if profile else "none"
+        cap, ela = self._capacity.get(model), self._elasticity.get(model)
+        return {"capacity": cap.version if cap else fallback, "elasticity": ela.version if ela else fallback}
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(set(self._profiles) | set(self._capacity) | set(self._elasticity))
+
+    # --- predictions -----------------------------------------------------------------------------------------
+    def capacity(self, query: CapacityQuery) -> CapacityReply:
+        """Needs of each item, mean / std / bound = mean + k*std, in the order asked; one GP evaluation per model."""
+        by_model: dict[str, list[int]] = defaultdict(list)
+        for index, item in enumerate(query.items):
+            by_model[item.model].append(index)
+        answers: list[CapacityPrediction | None] = [None] * len(query.items)
+        for model, indices in by_model.items():
+            features = [query.items[i].features for i in indices]
+            predictor = self._capacity.get(model)
+            if predictor is not None:
+                mean, std = predictor.predict(capacity_inputs(features))
+                version, source = predictor.version, "gp"
+            else:
+                profile = self._profile(model)
+                mean = np.array([profile.roofline.needs(f, profile.tpot_slo_ms).as_tuple() for f in features])
+                std = profile.roofline_need_rel_std * mean
+                version, source = profile.version, "roofline"
+            bound = mean + query.k_sigma * std
+            for row, index in enumerate(indices):
+                answers[index] = CapacityPrediction(
+                    model=model, mean=_need(mean[row]), std=_need(std[row]), bound=_need(bound[row]),
+                    model_version=version, source=source)
+        return CapacityReply(predictions=tuple(a for a in answers if a is not None))
+
+    def elasticity(self, query: ElasticityQuery) -> ElasticityReply:
+        """Attainment at each m asked; mean and bound non-decreasing in m. GP answers are corrected over the fixed
+        grid m = 1..max(policy.max_grid_replicas, largest m asked), so an m gets the same answer whichever other
+        m are asked with it. Corrected grids are cached per (model version, load, k): the rounds of one binary
+        search cost one GP evaluation per model, and the correction runs once for all models of a call."""
+        for item in query.items:
+            if min(item.replicas) < 1:
+                raise ValueError(f"{item.model}: replica counts must be >= 1, got {item.replicas}")
+        keys = [self._grid_key(item, query.k_sigma) for item in query.items]
+        grids = self._gp_grids(query, keys)
+        predictions = []
+        for item, key in zip(query.items, keys):
+            predictor = self._elasticity.get(item.model)
+            if key is not None and predictor is not None:
+                grid = grids[key]  # plain tuples over m = 1..M: picking is indexing, no numpy per item
+                mean, std, bound = (tuple(values[m - 1] for m in item.replicas) for values in grid)
+                version, source = predictor.version, "gp"
+            else:
+                asked = np.asarray(item.replicas, dtype=int)
+                arrays = self._roofline_attainment(item.model, item.features, asked, query.k_sigma)
+                mean, std, bound = (tuple(a.tolist()) for a in arrays)
+                version, source = self._profile(item.model).version, "roofline"
+            predictions.append(ElasticityPrediction(
+                model=item.model, replicas=item.replicas, attainment_mean=mean, attainment_std=std,
+                attainment_bound=bound, model_version=version, source=source))
+        return ElasticityReply(predictions=tuple(predictions))
+
+    def _grid_key(self, item: ElasticityItem, k_sigma: float) -> tuple | None:
+        """What a corrected grid depends on (None: the model has no GP)."""
+        predictor = self._elasticity.get(item.model)
+        if predictor is None:
+            return None
+        f = item.features
+        grid_max = max(self.policy.max_grid_replicas, max(item.replicas))
+        return (item.model, id(predictor), predictor.version, f.token_rate_tps, f.input_len_mean, f.input_len_var,
+                f.output_len_mean, grid_max, k_sigma)
+
+    def _gp_grids(self, query: ElasticityQuery, keys: list[tuple | None]) \
+            -> dict[tuple, tuple[tuple[float, ...], ...]]:
+        """The corrected grid of every GP item of the query, from the cache or computed now (misses of equal grid
+        length are corrected together in one vectorised pass)."""
+        found: dict[tuple, tuple[tuple[float, ...], ...]] = {}
+        missing: dict[tuple, ElasticityItem] = {}
+        for item, key in zip(query.items, keys):
+            if key is None or key in found or key in missing:
+                continue
+            cached = self._grid_cache.get(key)
+            if cached is not None:
+                found[key] = cached
+            else:
+                missing[key] = item
+        if len(self._grid_cache) + len(missing) > GRID_CACHE_SIZE:
+            self._grid_cache.clear()  # a tick re-fills what it needs; an LRU would cost more than it saves
+        by_length: dict[int, list[tuple]] = defaultdict(list)
+        for key in missing:
+            by_length[key[7]].append(key)
+        for grid_max, group in by_length.items():
+            grid = np.arange(1, grid_max + 1)
+            inputs = np.stack([elasticity_grid(missing[k].features, grid) for k in group])
+            if len(group) == 1:
+                raw_mean, raw_std = self._elasticity[missing[group[0]].model].predict(inputs[0])
+                raw_means, raw_stds = raw_mean[None], raw_std[None]
+            else:
+                raw_means, raw_stds = self._stack([missing[k].model for k in group]).predict(inputs)
+            means, bounds = monotone_attainment(raw_means, raw_stds, query.k_sigma)
+            for key, mean, std, bound in zip(group, means.tolist(), raw_stds.tolist(), bounds.tolist()):
+                found[key] = self._grid_cache[key] = (tuple(mean), tuple(std), tuple(bound))
+        return found
+
+    def _stack(self, models: list[str]) -> StackedElasticity:
+        """The stacked posteriors of these models' current predictors (kept while the same predictors serve the
+        same models: a tick asks the same models again 0.5 s later)."""
+        key = tuple((m, id(self._elasticity[m])) for m in models)
+        if self._stack_cache is None or self._stack_cache[0] != key:
+            self._stack_cache = (key, StackedElasticity([self._elasticity[m] for m in models]))
+        return self._stack_cache[1]
+
+    def _roofline_attainment(self, model: str, features: LoadFeatures, asked: np.ndarray, k_sigma: float) \
+            -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The roofline's attainment is non-decreasing in m by construction; evaluated in increasing m and held
+        non-decreasing anyway (in the order asked), since a caller may rely on it."""
+        profile = self._profile(model)
+        order = np.argsort(asked, kind="stable")
+        values = np.array([profile.roofline.attainment(features, int(m), profile.ttft_slo_ms, profile.tpot_slo_ms)
+                           for m in asked[order]])
+        values = np.maximum.accumulate(values)
+        std = np.full(len(values), profile.roofline_attainment_std)
+        bound = np.clip(values - k_sigma * std, 0.0, 1.0)
+        mean, out_bound = np.empty_like(values), np.empty_like(values)
+        mean[order], out_bound[order] = values, bound
+        return mean, std, out_bound
+
+    def _profile(self, model: str) -> ModelProfile:
+        try:
+            return self._profiles[model]
+        except KeyError:
+            raise UnknownModelError(f"no fitted GP and no roofline profile for model {model!r}") from None
+
+    # --- learning --------------------------------------------------------------------------------------------
+    def add_training_set(self, training_set: TrainingSet) -> None:
+        with self._lock:
+            self._capacity_samples[training_set.model].extend(training_set.capacity)
+            self._elasticity_samples[training_set.model].extend(training_set.elasticity)
+
+    def add_samples(self, model: str, capacity: Sequence[CapacitySample] = (),
+                    elasticity: Sequence[ElasticitySample] = ()) -> None:
+        with self._lock:
+            self._capacity_samples[model].extend(capacity)
+            self._elasticity_samples[model].extend(elasticity)
+            for samples in (self._capacity_samples[model], self._elasticity_samples[model]):
+                _trim(samples, self.policy.max_samples_per_model)
+
+    def observe(self, window: ModelLoadWindow, num_replicas: int, attainment: float | None = None,
+                needs_per_replica: NeedVector | None = None) -> bool:
+        """Learn from one telemetry window served by `num_replicas` replicas. `attainment` defaults to the window's
+        TTFT attainment (the dispatcher's measure; token-level attainment where the caller has it). Needs, when
+        given, are one replica's, learnt against the per-replica share of the load. False when the window holds
+        nothing to learn from (no requests, no replica, or no attainment)."""
+        if window.num_requests == 0 or num_replicas < 1:
+            return False
+        value = window.ttft_attainment if attainment is None else attainment
+        elasticity = [] if value is None else [ElasticitySample(
+            window.features, num_replicas, float(value), ttft_attainment=window.ttft_attainment,
+            num_requests=window.num_requests, source="telemetry")]
+        capacity = []
+        if needs_per_replica is not None:
+            share = window.features.model_copy(
+                update={"token_rate_tps": window.features.token_rate_tps / num_replicas})
+            capacity = [CapacitySample(share, needs_per_replica, source="telemetry")]
+        if not (elasticity or capacity):
+            return False
+        self.add_samples(window.model, capacity, elasticity)
+        return True
+
+    def num_samples(self, model: str) -> dict[str, int]:
+        with self._lock:
+            return {"capacity": len(self._capacity_samples.get(model, ())),
+                    "elasticity": len(self._elasticity_samples.get(model, ()))}
+
+    def due_for_refit(self, now_s: float) -> list[tuple[str, Kind]]:
+        """(model, kind) pairs with enough unseen samples whose last refit is old enough."""
+        due: list[tuple[str, Kind]] = []
+        with self._lock:
+            for kind, table in (("capacity", self._capacity_samples), ("elasticity", self._elasticity_samples)):
+                for model, samples in table.items():
+                    key = (model, kind)
+                    is_new_enough = len(samples) - self._num_fitted.get(key, 0) >= self.policy.refit_min_new_samples
+                    last = self._last_refit_s.get(key)
+                    if is_new_enough and len(samples) >= 3 and (
+                            last is None or now_s - last >= self.policy.refit_min_interval_s):
+                        due.append(key)  # type: ignore[arg-type]
+        return due
+
+    def refit(self, model: str, kind: Kind, now_s: float) -> str:
+        """Train on a snapshot of the model's samples (outside any lock) and swap the result in. Returns the new
+        version. Runs for seconds: call it from a background thread (BackgroundRefitter) in a service."""
+        with self._lock:
+            samples = list((self._capacity_samples if kind == "capacity" else self._elasticity_samples)[model])
+            self._last_refit_s[(model, kind)] = now_s
+        if len(samples) < 3:
+            raise ValueError(f"{model}: {len(samples)} {kind} samples, a GP needs at least 3")
+        if kind == "capacity":
+            trainer = self._capacity_trainer or _default_trainer("capacity")
+            predictor = trainer(samples, self.policy)
+            self.install(model, capacity=predictor)
+        else:
+            trainer = self._elasticity_trainer or _default_trainer("elasticity")
+            predictor = trainer(samples, self.policy)
+            self.install(model, elasticity=predictor)
+        with self._lock:
+            self._num_fitted[(model, kind)] = len(samples)
+        return predictor.version
+
+
+def _need(values: np.ndarray) -> NeedVector:
+    hbm, compute, bandwidth = (max(float(v), 0.0) for v in values)
+    return NeedVector(hbm=hbm, compute=compute, bandwidth=bandwidth)
+
+
+def _trim(samples: list, max_len: int) -> None:
+    """Drop the oldest telemetry samples beyond max_len (profiles are kept: they cover the grid)."""
+    excess = len(samples) - max_len
+    if excess <= 0:
+        return
+    drop = [i for i, s in enumerate(samples) if s.source == "telemetry"][:excess]
+    for i in reversed(drop):
+        del samples[i]
+
+
+def _default_trainer(kind: Kind) -> Callable:
+    from oracle import gp  # torch and gpytorch: only when a refit actually runs
+
+    return gp.fit_capacity if kind == "capacity" else gp.fit_elasticity

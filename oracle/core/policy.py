@@ -1,0 +1,24 @@
+"""The oracle's knobs (frozen; defaults as the design says)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class OraclePolicy:
+    max_grid_replicas: int = 64  # monotone correction over m = 1..max(this, the largest m asked)
+    max_train_points: int = 400  # an exact GP is O(n^3): beyond this, subsample (newest kept)
+    num_train_iters: int = 40  # L-BFGS iterations
+    need_floor: float = 1e-4  # needs are learnt as log(need + floor)
+    attainment_target: Literal["identity", "logit"] = "identity"
+    logit_clip: float = 0.005  # attainment clipped to [clip, 1 - clip] before a logit
+    refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
+    refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
+    max_samples_per_model: int = 5000  # online samples beyond this: the oldest telemetry goes first
+
+    def __post_init__(self) -> None:
+        if self.max_grid_replicas < 1 or self.max_train_points < 8 or self.num_train_iters < 1:
+            raise ValueError("OraclePolicy: max_grid_replicas >= 1, max_train_points >= 8, num_train_iters >= 1")
+        if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
+            raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")

@@ -1,0 +1,43 @@
+"""The load grid profiles are taken over: token rates x length mixes x replica counts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from contracts import LoadFeatures
+
+
+@dataclass(frozen=True)
+class LengthMix:
+    """Prompt lengths log-normal with this mean and coefficient of variation; output lengths with this mean."""
+
+    name: str
+    input_len_mean: float
+    input_len_cv: float
+    output_len_mean: float
+
+    @property
+    def input_len_var(self) -> float:
+        return (self.input_len_cv * self.input_len_mean) ** 2
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    rate_rps: float
+    mix: LengthMix
+    num_replicas: int
+
+    @property
+    def features(self) -> LoadFeatures:
+        """The whole model's load (all replicas together)."""
+        tokens_per_request = self.mix.input_len_mean + self.mix.output_len_mean
+        return LoadFeatures(token_rate_tps=self.rate_rps * tokens_per_request, input_len_mean=self.mix.input_len_mean,
+                            input_len_var=self.mix.input_len_var, output_len_mean=self.mix.output_len_mean)
+
+
+def load_grid(rates_rps: list[float], mixes: list[LengthMix], replicas: list[int]) -> list[GridPoint]:
+    if not rates_rps or not mixes or not replicas:
+        raise ValueError("a grid needs at least one rate, one length mix and one replica count")
+    if min(rates_rps) <= 0 or min(replicas) < 1:
+        raise ValueError("rates must be > 0 and replica counts >= 1")
+    return [GridPoint(r, mix, m) for r, mix, m in product(rates_rps, mixes, replicas)]

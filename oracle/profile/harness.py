@@ -1,0 +1,275 @@
+"""The profiling harness: drive the real engine (worker/engine) with synthetic open-loop load over a grid of rates,
+length mixes and replica counts; measure what each setting used and achieved; write a TrainingSet (JSON).
+
+Imports torch through the engine: run it as a tool (`python -m oracle.profile`), never from a service core.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from contracts import LoadFeatures, SamplingParams
+
+from ..core.dataset import CapacitySample, ElasticitySample, TrainingSet
+from ..roofline import Efficiency, RooflineModel
+from ..specs import DeviceSpec, ModelShape, calibrate_cpu
+from .calibrate import StepSample, fit_efficiency
+from .grid import GridPoint, LengthMix
+from .measure import attainment, replica_needs
+from .replay import run_virtual
+from .workload import SyntheticRequest, synth_requests
+
+MIB = 1 << 20
+
+DEFAULT_MIXES = (
+    LengthMix("short", input_len_mean=64, input_len_cv=0.5, output_len_mean=32),
+    LengthMix("chat", input_len_mean=256, input_len_cv=1.0, output_len_mean=64),
+    LengthMix("long", input_len_mean=768, input_len_cv=0.5, output_len_mean=24),
+)
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    duration_s: float = 2.0  # virtual seconds of arrivals per grid point
+    drain_s: float = 0.5  # virtual seconds after the last arrival before unfinished tokens count as late
+    # SLOs scaled to what the CPU engine can do (demo-tiny: a decode step ~1 ms of CPU at batch 1, ~5 ms at 16),
+    # tight enough that attainment falls gradually with the batch rather than only at saturation
+    ttft_slo_ms: float = 100.0
+    tpot_slo_ms: float = 10.0
+    kv_cache_bytes: int = 64 * MIB
+    max_num_seqs: int = 64
+    torch_threads: int = 1  # one thread per step: steadier timings on a shared machine
+    # How a step advances its replica's clock: "thread_cpu" = CPU time of the engine thread (time.thread_time),
+    # which leaves out time other tenants of a shared machine take from it (measured here under load: a 700-token
+    # prefill 18-19 ms CPU vs 39-47 ms wall, p90 61 ms); "wall" = time.perf_counter, for a dedicated machine.
+    clock: str = "thread_cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
+            raise ValueError("HarnessSettings: positive duration and SLOs, non-negative drain")
+        if self.clock not in ("thread_cpu", "wall"):
+            raise ValueError("HarnessSettings.clock: thread_cpu or wall")
+        if self.clock == "thread_cpu" and self.torch_threads != 1:
+            raise ValueError("thread_cpu clock needs torch_threads=1 (other threads' work would go uncounted)")
+
+    @property
+    def timer(self) -> Callable[[], float]:
+        return time.thread_time if self.clock == "thread_cpu" else time.perf_counter
+
+
+def step_probe(engine) -> tuple[int, int, int, int]:
+    """Prefill and decode tokens of the step just run, context tokens of the running batch, KV bytes held.
+    Token counts come from the engine's own step record (EngineMetrics); a public `last_step` on LLMEngine would
+    spare reading its private deque (asked for in docs/oracle.md)."""
+    steps = getattr(engine.metrics, "_steps", None)
+    _, _, num_prefill, num_decode = steps[-1] if steps else (0, 0, 0, 0)
+    context = sum(seq.num_computed_tokens for seq in engine.scheduler.running)
+    kv_bytes = max(engine.block_manager.num_used_blocks - 1, 0) * engine.kv_block_num_bytes
+    return int(num_prefill), int(num_decode), int(context), int(kv_bytes)
+
+
+def measure_isolated_steps(engine, vocab_size: int, timer: Callable[[], float], repeats: int = 3) \
+        -> list[StepSample]:
+    """Time single prefills of several lengths and decode steps of several batch sizes (the roofline calibration)."""
+    rng = np.random.default_rng(0)
+    samples: list[StepSample] = []
+    counter = 0
+
+    def timed_step() -> float:
+        started = timer()
+        engine.step()
+        return (timer() - started) * 1e3
+
+    for _ in range(repeats):
+        for n in (16, 64, 256, 768):
+            counter += 1
+            engine.add_request(f"calib-p{counter}", rng.integers(1, vocab_size, n).tolist(),
+                               SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+            samples.append(StepSample(timed_step(), num_prefill_tokens=n))
+        for batch in (1, 4, 16, 48):
+            prompt_len = 128
+            for i in range(batch):
+                counter += 1
+                engine.add_request(f"calib-d{counter}", rng.integers(1, vocab_size, prompt_len).tolist(),
+                                   SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            engine.step()  # the prefills
+            for k in range(2):
+                samples.append(StepSample(timed_step(), batch_size=batch, context_tokens=batch * (prompt_len + k + 1)))
+            while engine.has_unfinished():
+                engine.step()
+    return samples
+
+
+def cpu_device_for(weight_bytes: float, kv_cache_bytes: int) -> DeviceSpec:
+    """This CPU as measured, with 'HBM' = what the engine may hold (its weights + KV budget), so HBM needs are
+    fractions of the memory the engine was given rather than of the whole machine's RAM."""
+    return replace(calibrate_cpu(), hbm_bytes=int(weight_bytes + kv_cache_bytes))
+
+
+def capacity_rps(roofline: RooflineModel, mix: LengthMix, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
+    """Largest per-replica request rate at which the roofline still attains 0.5 (bisection in log space)."""
+    def ok(rate: float) -> bool:
+        point = GridPoint(rate, mix, 1)
+        return roofline.attainment(point.features, 1, ttft_slo_ms, tpot_slo_ms) >= 0.5
+
+    lo, hi = 1e-3, 1e4
+    if not ok(lo):
+        return lo
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def random_grid(capacities_rps: dict[str, float], mixes: Sequence[LengthMix], replicas: Sequence[int],
+                points_per_cell: int, settings: HarnessSettings, load_range: tuple[float, float] = (0.3, 2.0)) \
+        -> list[GridPoint]:
+    """For each (mix, m): `points_per_cell` loads drawn log-uniformly between load_range x m x the mix's
+    per-replica capacity, so every m is seen below, at and beyond its knee (and held-out points fall between
+    training points rather than on the same grid lines)."""
+    rng = np.random.default_rng(settings.seed)
+    grid = []
+    for mix in mixes:
+        cap = capacities_rps[mix.name]
+        for m in replicas:
+            factors = np.exp(rng.uniform(math.log(load_range[0]), math.log(load_range[1]), points_per_cell))
+            grid.extend(GridPoint(float(f * cap * m), mix, m) for f in sorted(factors))
+    return grid
+
+
+def _features(requests: Sequence[SyntheticRequest], duration_s: float) -> LoadFeatures:
+    if not requests:
+        return LoadFeatures(token_rate_tps=0.0, input_len_mean=0.0, input_len_var=0.0, output_len_mean=0.0)
+    prompts = np.array([r.prompt_len for r in requests], dtype=float)
+    outputs = np.array([r.output_len for r in requests], dtype=float)
+    return LoadFeatures(token_rate_tps=float((prompts.sum() + outputs.sum()) / duration_s),
+                        input_len_mean=float(prompts.mean()), input_len_var=float(prompts.var()),
+                        output_len_mean=float(outputs.mean()))
+
+
+class Profiler:
+    """Engines for one model (as many as the largest replica count) and the roofline of that model on this CPU."""
+
+    def __init__(self, model_dir: str | Path, settings: HarnessSettings = HarnessSettings(), max_replicas: int = 4):
+        import torch
+
+        from worker.engine.config import EngineConfig
+        from worker.engine.engine import LLMEngine
+
+        torch.set_num_threads(settings.torch_threads)
+        self.settings = settings
+        self.model_dir = Path(model_dir)
+        config = EngineConfig(kv_cache_bytes=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
+                              seed=settings.seed)
+        self.engines = [LLMEngine(self.model_dir, device="cpu", config=config) for _ in range(max_replicas)]
+        engine = self.engines[0]
+        self.vocab_size = engine.model_config.vocab_size
+        self.max_prompt_len = engine.max_model_len - 1
+        hf_config = json.loads((self.model_dir / "config.json").read_text())
+        bytes_per_param = engine.dtype.itemsize
+        self.shape = ModelShape.from_hf_config(hf_config, name=self.model_dir.name, bytes_per_param=bytes_per_param)
+        self.shape = replace(self.shape, kv_bytes_per_element=bytes_per_param)
+        uncalibrated = RooflineModel(cpu_device_for(self.shape.num_params * bytes_per_param, settings.kv_cache_bytes),
+                                     self.shape, efficiency=Efficiency(max_num_seqs=settings.max_num_seqs))
+        self.calibration = measure_isolated_steps(engine, self.vocab_size, settings.timer)
+        self.roofline = RooflineModel(uncalibrated.device, self.shape,
+                                      efficiency=fit_efficiency(uncalibrated, self.calibration))
+
+    def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
+                              max_runs: int = 7) -> tuple[float, list[dict]]:
+        """The per-replica rate where measured attainment (m = 1, short pilot runs) crosses 0.5: double from
+        start_rps until it fails, then bisect in log space. Returns the rate and the pilot runs."""
+        ok, bad, rate, runs = None, None, start_rps, []
+        for i in range(max_runs):
+            _, sample, info = self.run_point(GridPoint(rate, mix, 1), 1_000_000 + len(runs), duration_s)
+            runs.append({**info, "attainment": sample.attainment})
+            if sample.attainment >= 0.5:
+                ok = rate
+            else:
+                bad = rate
+            if ok is None:
+                rate = rate / 2.0
+            elif bad is None:
+                rate = rate * 2.0
+            else:
+                rate = math.sqrt(ok * bad)
+        if ok is None:
+            return bad or start_rps, runs
+        return (math.sqrt(ok * bad) if bad else ok), runs
+
+    def run_point(self, point: GridPoint, index: int, duration_s: float | None = None) \
+            -> tuple[list[CapacitySample], ElasticitySample, dict]:
+        s = self.settings
+        if duration_s is not None:
+            s = replace(s, duration_s=duration_s, drain_s=min(s.drain_s, duration_s))
+        if point.num_replicas > len(self.engines):
+            raise ValueError(f"grid asks for {point.num_replicas} replicas, the profiler holds {len(self.engines)}")
+        workload = synth_requests(point, s.duration_s, seed=s.seed * 100_003 + index,
+                                  max_prompt_len=min(self.max_prompt_len, 4096), max_output_len=512)
+        workload = [r for r in workload if r.prompt_len + r.output_len <= self.max_prompt_len + 1]
+        started = time.perf_counter()
+        result = run_virtual(self.engines[: point.num_replicas], workload, self.vocab_size,
+                             end_s=s.duration_s + s.drain_s, probe=step_probe, timer=s.timer,
+                             id_prefix=f"g{index}-", seed=index)
+        wall_s = time.perf_counter() - started
+        achieved = attainment(list(result.requests.values()), s.ttft_slo_ms, s.tpot_slo_ms)
+        by_id = {r.request_id: r for r in workload}
+        capacity = []
+        for replica in result.replicas:
+            mine = [by_id[rid] for rid in replica.request_ids]
+            features = _features(mine, s.duration_s)
+            ctx = features.input_len_mean + features.output_len_mean / 2.0
+            needs = replica_needs(replica.steps, s.duration_s, self.roofline, s.tpot_slo_ms, ctx)
+            capacity.append(CapacitySample(features, needs, source="profile"))
+        sample = ElasticitySample(_features(workload, s.duration_s), point.num_replicas, achieved.token,
+                                  ttft_attainment=achieved.ttft, tpot_attainment=achieved.tpot,
+                                  num_requests=achieved.num_requests, source="profile")
+        info = {"rate_rps": point.rate_rps, "mix": point.mix.name, "num_replicas": point.num_replicas,
+                "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated,
+                "num_steps": sum(len(r.steps) for r in result.replicas)}
+        return capacity, sample, info
+
+
+def profile_model(profiler: Profiler, grid: Sequence[GridPoint], model: str | None = None,
+                  out_path: str | Path | None = None, show_progress: bool = True,
+                  on_point: Callable[[int, dict], None] | None = None, extra_meta: dict | None = None) -> TrainingSet:
+    """Run every grid point and collect a TrainingSet (saved to out_path when given, after every point, so an
+    interrupted profile keeps what it measured)."""
+    s = profiler.settings
+    out = TrainingSet(model=model or profiler.model_dir.name, device=profiler.roofline.device.name,
+                      shape=profiler.shape.name, ttft_slo_ms=s.ttft_slo_ms, tpot_slo_ms=s.tpot_slo_ms,
+                      created_unix_s=time.time(),
+                      meta={"harness": asdict(s), "device": asdict(profiler.roofline.device),
+                            "efficiency": asdict(profiler.roofline.efficiency), "shape": asdict(profiler.shape),
+                            "calibration": [asdict(c) for c in profiler.calibration], "points": [],
+                            "note": f"replicas on virtual clocks advanced by measured engine step times ({s.clock})",
+                            **(extra_meta or {})})
+    progress = _progress(show_progress)
+    with progress:
+        task = progress.add_task("profiling", total=len(grid))
+        for index, point in enumerate(grid):
+            capacity, sample, info = profiler.run_point(point, index)
+            out.capacity.extend(capacity)
+            out.elasticity.append(sample)
+            out.meta["points"].append({**info, "attainment": sample.attainment})
+            if on_point:
+                on_point(index, info)
+            if out_path:
+                out.save(out_path)
+            progress.update(task, advance=1, description=f"{point.mix.name} m={point.num_replicas} "
+                                                         f"{point.rate_rps:.1f} rps -> {sample.attainment:.2f}")
+    return out
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    disable=not enabled)

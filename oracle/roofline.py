@@ -1,0 +1,257 @@
+"""The analytic roofline model: device spec + model shape -> step times, memory, load times, needs, attainment.
+
+Pure (numpy only, no torch): the simulator uses it as ground truth and the oracle answers with it for a model that
+has no fitted GP yet. Formulas in docs/oracle.md ("Roofline model").
+
+A step takes max(compute time, memory time) + tensor-parallel communication + a fixed per-step overhead, where
+compute time = FLOPs / (peak * mfu) and memory time = bytes / (HBM bandwidth * mbu). All figures are per device of
+the model's tensor-parallel group unless a name says otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from contracts import LoadFeatures, NeedVector
+
+from .attainment import LoadPoint, token_attainment
+from .specs import DeviceSpec, ModelShape
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close real kernels come to the roofline. Defaults are typical of a tuned serving engine on a GPU
+    (vLLM-class: ~50 % of peak FLOP/s in prefill GEMMs, ~80 % of HBM bandwidth in decode);
+    oracle/profile/calibrate.py fits them to measured engine steps."""
+
+    mfu: float = 0.5
+    mbu: float = 0.8
+    step_overhead_ms: float = 0.3
+    allreduce_latency_ms: float = 0.01
+    memory_utilization: float = 0.9  # share of HBM the engine may use (the rest: runtime, workspace)
+    max_num_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        if not (0 < self.mfu <= 1 and 0 < self.mbu <= 1 and 0 < self.memory_utilization <= 1):
+            raise ValueError("Efficiency: mfu, mbu and memory_utilization must be in (0, 1]")
+        if self.step_overhead_ms < 0 or self.allreduce_latency_ms < 0 or self.max_num_seqs < 1:
+            raise ValueError("Efficiency: overheads must be >= 0 and max_num_seqs >= 1")
+
+
+@dataclass(frozen=True)
+class Equilibrium:
+    """Steady state of one replica under open-loop load, with continuous batching.
+
+    The decode batch B solves Little's law B = output_rate * TPOT(B), TPOT(B) = decode_step_ms(B) / (1 - prefill
+    share); the iteration from B = 1 converges to the least fixed point. Overloaded: prefill alone takes the whole
+    device, or the batch the load needs passes max_num_seqs / the KV capacity."""
+
+    rate_rps: float
+    output_rate_tps: float
+    prefill_busy_share: float
+    decode_batch: float  # sequences per decode step (>= 1 when decoding at all)
+    decode_concurrency: float  # mean sequences decoding (Little's law; < 1 when often idle)
+    tpot_ms: float
+    is_overloaded: bool
+
+
+class RooflineModel:
+    """Roofline step times and resource needs of one model (shape) on one kind of device, split over `tp` devices."""
+
+    def __init__(self, device: DeviceSpec, shape: ModelShape, tp: int = 1, efficiency: Efficiency | None = None):
+        shape.check_tp(tp)
+        self.device = device
+        self.shape = shape
+        self.tp = tp
+        self.efficiency = efficiency or Efficiency()
+
+    @property
+    def is_fitting(self) -> bool:
+        """Whether the weights fit on the group with room for KV. A shape that does not fit is still a valid
+        question (what would it need?), but it cannot serve."""
+        return self.max_num_kv_tokens > 0
+
+    # --- memory ------------------------------------------------------------------------------------------------
+    @property
+    def total_weight_bytes(self) -> float:
+        return self.shape.num_params * self.shape.bytes_per_param
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes on each device of the group (everything split evenly by tensor parallelism)."""
+        return self.total_weight_bytes / self.tp
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes one token of context takes on each device. GQA splits KV heads over the group (a head is
+        replicated when there are fewer KV heads than devices); MLA's latent vector is replicated on every device."""
+        s = self.shape
+        if s.is_mla:
+            per_layer = s.kv_elements_per_token_per_layer
+        else:
+            kv_heads_per_device = max(1, -(-s.num_kv_heads // self.tp))
+            per_layer = 2 * kv_heads_per_device * s.head_dim
+        return float(per_layer * s.num_layers * s.kv_bytes_per_element)
+
+    @property
+    def max_num_kv_tokens(self) -> int:
+        """Tokens of KV cache that fit on each device beside the weights (0 when the weights do not fit)."""
+        free_bytes = self.device.hbm_bytes * self.efficiency.memory_utilization - self.weight_bytes
+        return max(0, int(free_bytes // self.kv_bytes_per_token))
+
+    # --- load times --------------------------------------------------------------------------------------------
+    def h2d_load_ms(self) -> float:
+        """Warm -> Active: pinned host memory to device, every device of the group in parallel."""
+        return 1e3 * self.weight_bytes / self.device.h2d_bytes_per_s
+
+    def d2d_load_ms(self) -> float:
+        """Fork: pull the weights of a live replica over the device-to-device link, devices in parallel."""
+        return 1e3 * self.weight_bytes / self.device.d2d_bytes_per_s
+
+    def disk_load_ms(self) -> float:
+        """Cold -> Active: read from disk into host memory, then copy to the device (not overlapped)."""
+        return 1e3 * self.weight_bytes / self.device.disk_bytes_per_s + self.h2d_load_ms()
+
+    # --- FLOPs and bytes of one step ---------------------------------------------------------------------------
+    def _attn_flops_per_context_token(self) -> float:
+        """FLOPs of one query token against one context token, whole model (QK^T and PV, 2 FLOPs per MAC)."""
+        s = self.shape
+        if s.is_mla:  # absorbed MLA: scores and values in the latent space
+            qk_dim, v_dim = s.kv_lora_rank + s.qk_rope_head_dim, s.kv_lora_rank
+        else:
+            qk_dim = v_dim = s.head_dim
+        return 2.0 * s.num_layers * s.num_heads * (qk_dim + v_dim)
+
+    def weights_read_bytes(self, num_tokens: np.ndarray | float) -> np.ndarray | float:
+        """Weights one forward pass over `num_tokens` tokens reads, per device: everything for a dense model; for an
+        MoE, only the routed experts some token picked (expected distinct experts E * (1 - (1 - k/E)^n))."""
+        s = self.shape
+        if not s.is_moe:
+            return self.weight_bytes + 0.0 * np.asarray(num_tokens)
+        routed_bytes = s.num_moe_layers * s.num_experts * s.expert_params * s.bytes_per_param
+        share_touched = 1.0 - (1.0 - s.num_active_experts / s.num_experts) ** np.maximum(num_tokens, 1.0)
+        return (self.total_weight_bytes - routed_bytes * (1.0 - share_touched)) / self.tp
+
+    def _allreduce_ms(self, num_tokens: np.ndarray | float) -> np.ndarray | float:
+        if self.tp == 1:
+            return 0.0 * np.asarray(num_tokens)
+        # Two all-reduces per layer of num_tokens * hidden activations (bf16); a ring moves 2(tp-1)/tp of it.
+        ring_bytes = 2.0 * (self.tp - 1) / self.tp * num_tokens * self.shape.hidden_size * 2.0
+        num_allreduces = 2 * self.shape.num_layers
+        return num_allreduces * (1e3 * ring_bytes / self.device.d2d_bytes_per_s + self.efficiency.allreduce_latency_ms)
+
+    def _step_ms(self, flops: np.ndarray, num_bytes: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        compute_ms = 1e3 * flops / self.tp / (self.device.peak_bf16_flops_per_s * self.efficiency.mfu)
+        memory_ms = 1e3 * num_bytes / (self.device.hbm_bytes_per_s * self.efficiency.mbu)
+        return np.maximum(compute_ms, memory_ms) + self._allreduce_ms(num_tokens) + self.efficiency.step_overhead_ms
+
+    def prefill_flops(self, num_tokens: np.ndarray | float, num_seqs: int = 1) -> np.ndarray | float:
+        """Whole-model FLOPs to prefill `num_tokens` prompt tokens split evenly over `num_seqs` sequences (causal
+        attention: token i of a sequence sees i tokens; logits only for each sequence's last token)."""
+        s = self.shape
+        linear = 2.0 * (s.num_active_params - s.vocab_size * s.hidden_size) * num_tokens
+        lm_head = 2.0 * s.vocab_size * s.hidden_size * num_seqs
+        seq_len = np.asarray(num_tokens, dtype=float) / num_seqs
+        attn = self._attn_flops_per_context_token() * num_seqs * seq_len * (seq_len + 1) / 2.0
+        return linear + lm_head + attn
+
+    def prefill_ms(self, num_tokens: int | float | np.ndarray, num_seqs: int = 1) -> float | np.ndarray:
+        """Time to prefill `num_tokens` prompt tokens over `num_seqs` sequences in one step (array in, array out)."""
+        n = np.asarray(num_tokens, dtype=float)
+        if np.any(n < 0) or num_seqs < 1:
+            raise ValueError("prefill_ms: num_tokens >= 0 and num_seqs >= 1")
+        num_bytes = self.weights_read_bytes(n) + n * self.kv_bytes_per_token
+        out = self._step_ms(self.prefill_flops(n, num_seqs), num_bytes, n)
+        return float(out) if out.ndim == 0 else out
+
+    def decode_flops(self, batch_size: float, total_context_tokens: float) -> float:
+        s = self.shape
+        return 2.0 * s.num_active_params * batch_size + self._attn_flops_per_context_token() * total_context_tokens
+
+    def decode_bytes(self, batch_size: float, total_context_tokens: float) -> float:
+        """HBM bytes one decode step moves per device: the weights it touches, the KV it reads, the KV it writes."""
+        return float(self.weights_read_bytes(batch_size)
+                     + (total_context_tokens + batch_size) * self.kv_bytes_per_token)
+
+    def decode_step_ms(self, batch_size: int | float, total_context_tokens: int | float) -> float:
+        """One decode step for `batch_size` sequences holding `total_context_tokens` tokens of context in all."""
+        if batch_size < 1 or total_context_tokens < 0:
+            raise ValueError("decode_step_ms: batch_size >= 1 and total_context_tokens >= 0")
+        b = np.asarray(float(batch_size))
+        flops = np.asarray(self.decode_flops(batch_size, total_context_tokens))
+        num_bytes = np.asarray(self.decode_bytes(batch_size, total_context_tokens))
+        return float(self._step_ms(flops, num_bytes, b))
+
+    # --- a replica under load ----------------------------------------------------------------------------------
+    def equilibrium(self, features: LoadFeatures, num_replicas: int = 1) -> Equilibrium:
+        """Steady state of one of `num_replicas` replicas that share the load evenly (see `Equilibrium`)."""
+        point = LoadPoint.of(features, num_replicas)
+        prefill_share = point.rate_rps * float(np.mean(self.prefill_ms(point.input_len_quantiles()))) / 1e3
+        out_rate = point.rate_rps * features.output_len_mean
+        ctx_per_seq = features.input_len_mean + features.output_len_mean / 2.0
+        max_batch = max(1.0, min(float(self.efficiency.max_num_seqs),
+                                 self.max_num_kv_tokens / max(ctx_per_seq, 1.0)))
+        slowdown = 1.0 / max(1.0 - prefill_share, 1e-3)
+        batch = 1.0
+        for _ in range(100):
+            needed = out_rate * self.decode_step_ms(batch, batch * ctx_per_seq) * slowdown / 1e3
+            new_batch = min(max_batch, max(1.0, needed))
+            if abs(new_batch - batch) <= 1e-4 * batch:
+                break
+            batch = new_batch
+        tpot_ms = self.decode_step_ms(batch, batch * ctx_per_seq) * slowdown
+        concurrency = out_rate * tpot_ms / 1e3
+        is_overloaded = prefill_share >= 1.0 or concurrency > max_batch * (1 + 1e-6)
+        return Equilibrium(rate_rps=point.rate_rps, output_rate_tps=out_rate, prefill_busy_share=prefill_share,
+                           decode_batch=batch, decode_concurrency=concurrency, tpot_ms=tpot_ms,
+                           is_overloaded=is_overloaded)
+
+    def paced_decode_steps_per_s(self, output_rate_tps: float, tpot_slo_ms: float) -> float:
+        """Decode steps per second the load needs when every step carries as many tokens as the TPOT SLO allows:
+        with R tokens/s and steps every S ms, sequences batch up to R*S per step (Little's law), and the engine is
+        decoding a 1 - exp(-R*S) share of the time (Poisson occupancy). So min(R, (1 - exp(-R*S)) / S)."""
+        slo_s = tpot_slo_ms / 1e3
+        if output_rate_tps <= 0:
+            return 0.0
+        return min(output_rate_tps, -np.expm1(-output_rate_tps * slo_s) / slo_s)
+
+    def needs(self, features: LoadFeatures, tpot_slo_ms: float = 50.0) -> NeedVector:
+        """What one replica serving this load needs, as fractions of ONE device, summed over the tensor-parallel
+        group (a tp=4 model whose weights fill its devices needs ~4 in HBM). Additive, so models that fit side by
+        side sum to <= 1 in every dimension:
+
+        - hbm: weights + KV of the requests in flight at a high percentile (mean + 2 sqrt(mean) sequences);
+        - compute: share of device time the work takes when decode steps are paced to the TPOT SLO (a lone engine
+          spins faster than that, back to back, so its busy share overstates what it needs beside others);
+        - bandwidth: HBM bytes per second at that pace (weights once per step, KV read and written) over the
+          device's HBM bandwidth."""
+        if tpot_slo_ms <= 0:
+            raise ValueError("tpot_slo_ms must be > 0")
+        eq = self.equilibrium(features, 1)
+        ctx_per_seq = features.input_len_mean + features.output_len_mean / 2.0
+        steps_per_s = self.paced_decode_steps_per_s(eq.output_rate_tps, tpot_slo_ms)
+        tokens_per_step = eq.output_rate_tps / steps_per_s if steps_per_s > 0 else 1.0
+        decode_share = steps_per_s * self.decode_step_ms(tokens_per_step, tokens_per_step * ctx_per_seq) / 1e3
+        decode_bytes_per_s = steps_per_s * self.decode_bytes(tokens_per_step, tokens_per_step * ctx_per_seq)
+        prefill_bytes_per_s = eq.rate_rps * float(
+            self.weights_read_bytes(features.input_len_mean) + features.input_len_mean * self.kv_bytes_per_token)
+        # Requests in flight: decoding ones plus prompts in prefill.
+        in_flight = eq.decode_concurrency + eq.prefill_busy_share
+        kv_tokens = min(float(self.max_num_kv_tokens), (in_flight + 2.0 * np.sqrt(in_flight)) * ctx_per_seq)
+        hbm_bytes = self.weight_bytes + kv_tokens * self.kv_bytes_per_token
+        return NeedVector(hbm=self.tp * hbm_bytes / self.device.hbm_bytes,
+                          compute=self.tp * (eq.prefill_busy_share + decode_share),
+                          bandwidth=self.tp * (decode_bytes_per_s + prefill_bytes_per_s) / self.device.hbm_bytes_per_s)
+
+    def attainment(self, features: LoadFeatures, num_replicas: int, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
+        """Token-level SLO attainment with `num_replicas` replicas sharing the load evenly (oracle/attainment.py):
+        0 when overloaded, non-decreasing in num_replicas."""
+        if ttft_slo_ms <= 0 or tpot_slo_ms <= 0:
+            raise ValueError("SLOs must be > 0 ms")
+        eq = self.equilibrium(features, num_replicas)
+        if eq.is_overloaded:
+            return 0.0
+        point = LoadPoint.of(features, num_replicas)
+        prefill_ms = np.asarray(self.prefill_ms(point.input_len_quantiles()))
+        return token_attainment(point, prefill_ms, eq.prefill_busy_share, eq.tpot_ms, ttft_slo_ms, tpot_slo_ms)

@@ -1,0 +1,144 @@
+"""Prefill/decode disaggregation: a prefill-only engine hands its KV blocks and first token to a decode engine
+that continues from blocks another instance wrote; the stream equals a colocated run."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from contracts.requests import SamplingParams
+from worker.engine import EngineConfig, LLMEngine, PlainKVPageSource
+
+PROMPT = [(i * 37 + 11) % 1000 + 3 for i in range(21)]
+
+
+def _greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw)
+
+
+def _run(engine):
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    return outs
+
+
+@pytest.fixture(scope="module")
+def shared_source():
+    # Both engines address KV in one (synthetic) global region, as two models on one device would.
+    return PlainKVPageSource(num_pages_total=16, page_size_bytes=8 << 10)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, shared_source):
+    config = EngineConfig(block_size=4, kv_cache_bytes=64 << 10)
+    prefill = LLMEngine(tiny_model_dir, config=config, kv_source=shared_source, owner="prefill")
+    decode = LLMEngine(tiny_model_dir, config=config, kv_source=shared_source, owner="decode")
+    colocated = LLMEngine(tiny_model_dir, config=config)
+    return prefill, decode, colocated
+
+
+def _prefill(prefill, rid, params):
+    prefill.add_prefill_request(rid, PROMPT, params)
+    outs = _run(prefill)
+    assert len(outs) == 1
+    return outs[0]
+
+
+def _hand_over(prefill, decode, rid, params, *, by_address: bool):
+    decode_blocks = decode.reserve_kv_blocks(rid, len(PROMPT))
+    done = _prefill(prefill, rid, params)
+    assert done.is_prefill_done and not done.is_finished and done.finish_reason is None
+    assert len(done.kv_block_ids) == len(decode_blocks) == 6  # 21 tokens in 4-token blocks
+    assert prefill.stats().num_held_prefills == 1 and not prefill.has_unfinished()
+    assert prefill.kv_block_num_bytes == decode.kv_block_num_bytes
+    if by_address:  # what a transfer engine does: bytes from local addresses to the peer's blocks
+        for src, dst in zip(prefill.kv_block_data_ptrs(done.kv_block_ids), decode.kv_block_data_ptrs(decode_blocks)):
+            ctypes.memmove(dst, src, prefill.kv_block_num_bytes)
+    else:
+        decode.write_kv_blocks(decode_blocks, prefill.read_kv_blocks(done.kv_block_ids))
+    prefill.release_kv_blocks(rid)
+    assert prefill.stats().num_held_prefills == 0 and prefill.stats().num_kv_blocks_used == 0
+    decode.add_decode_request(rid, PROMPT, done.token_ids[0], params, decode_blocks)
+    return done, _run(decode)
+
+
+@pytest.mark.parametrize("by_address", [False, True])
+def test_decode_continues_from_blocks_written_elsewhere(engines, by_address):
+    prefill, decode, colocated = engines
+    params = _greedy(16)
+    colocated.add_request("ref", PROMPT, params)
+    ref = _run(colocated)
+    decode.reserve_kv_blocks("other", 9)  # so the decode side's block ids differ from the prefill side's
+    rid = f"pd-{by_address}"
+    done, rest = _hand_over(prefill, decode, rid, params, by_address=by_address)
+    decode.release_kv_blocks("other")
+    tokens = list(done.token_ids) + [t for o in rest for t in o.token_ids]
+    assert tokens == [t for o in ref for t in o.token_ids]
+    assert done.text + "".join(o.text for o in rest) == "".join(o.text for o in ref)
+    assert rest[-1].is_finished and rest[-1].finish_reason == "length" and rest[-1].num_output_tokens == 16
+    assert decode.stats().num_kv_blocks_used == 0
+
+
+def test_stop_string_straddling_the_hand_over(engines):
+    prefill, decode, colocated = engines
+    colocated.add_request("free", PROMPT, _greedy(16))
+    free = _run(colocated)
+    first_text = free[0].text
+    assert first_text, "the first token should decode to visible text for this prompt"
+    free_text = "".join(o.text for o in free)
+    stop = free_text[len(first_text) - 1 : len(first_text) + 2]  # starts inside the first token's text
+    expected = free_text[: free_text.find(stop)]
+    colocated.add_request("ref", PROMPT, _greedy(16, stop=(stop,)))
+    assert "".join(o.text for o in _run(colocated)) == expected
+    done, rest = _hand_over(prefill, decode, "pd-stop", _greedy(16, stop=(stop,)), by_address=False)
+    assert done.text == first_text[:-1]  # the tail that may start the stop string is held back
+    assert done.text + "".join(o.text for o in rest) == expected
+    assert rest[-1].finish_reason == "stop"
+
+
+def test_prefill_that_already_finishes_frees_its_blocks(engines):
+    prefill, _, _ = engines
+    done = _prefill(prefill, "one-token", _greedy(1))
+    assert done.is_finished and done.finish_reason == "length" and done.kv_block_ids is None
+    assert prefill.stats().num_held_prefills == 0 and prefill.stats().num_kv_blocks_used == 0
+
+
+def test_global_offsets_match_the_page_source(engines, shared_source):
+    _, decode, _ = engines
+    blocks = decode.reserve_kv_blocks("offsets", 30)
+    offsets = decode.kv_block_global_offsets(blocks)
+    ptrs = decode.kv_block_data_ptrs(blocks)
+    kv = decode.kv_cache
+    for block, offset in zip(blocks, offsets):
+        page, slot = divmod(block, kv.blocks_per_page)
+        assert offset == shared_source.kv_page_global_offset("decode", page) + slot * kv.block_num_bytes
+    same_page = [(o, p) for b, o, p in zip(blocks, offsets, ptrs) if b // kv.blocks_per_page == blocks[0] // kv.blocks_per_page]
+    assert all(o - same_page[0][0] == p - same_page[0][1] for o, p in same_page)
+    decode.release_kv_blocks("offsets")
+
+
+def test_misuse_is_refused(engines):
+    prefill, decode, _ = engines
+    blocks = decode.reserve_kv_blocks("misuse", 8)
+    with pytest.raises(ValueError):
+        decode.reserve_kv_blocks("misuse", 8)
+    with pytest.raises(ValueError):
+        decode.add_decode_request("misuse", PROMPT[:8], 5, _greedy(4), list(blocks)[::-1])
+    with pytest.raises(ValueError):
+        decode.add_decode_request("misuse", PROMPT, 5, _greedy(4), blocks)  # 21 tokens do not fit 2 blocks
+    with pytest.raises(ValueError):
+        prefill.read_kv_blocks([1, 2])  # no held prefill owns them
+    decode.abort("misuse")  # an unused reservation is freed by abort too
+    decode.step()
+    assert decode.stats().num_kv_blocks_used == 0
+
+
+def test_abort_of_a_held_prefill_frees_its_blocks(engines):
+    prefill, _, _ = engines
+    done = _prefill(prefill, "held", _greedy(8))
+    assert done.is_prefill_done and prefill.stats().num_kv_blocks_used == len(done.kv_block_ids)
+    prefill.abort("held")
+    outs = prefill.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("held", "abort")]
+    assert prefill.stats().num_kv_blocks_used == 0

@@ -1,0 +1,43 @@
+"""Fixtures for the lifecycle tests: real CPU page pools (memfd), real engines on the tiny demo model, real Mooncake
+transfer engines over TCP loopback. The worker shell is replaced by `RecordingHost`, which records what the
+controller asks of it; the real shell over a real nats-server is what tests/bus/test_lifecycle_*.py drive."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lifecycle_fixtures import Worker
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # 2 shared cores: spin-waiting OpenMP threads make tiny matmuls far slower
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from worker.engine.demo import make_demo_models
+
+    return make_demo_models(tmp_path_factory.mktemp("lifecycle_models"), ["demo-tiny"])["demo-tiny"]
+
+
+@pytest.fixture
+def make_worker(tiny_dir):
+    made: list[Worker] = []
+
+    def make(worker_id: str = "w0", **kw) -> Worker:
+        w = Worker(worker_id, tiny_dir, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+

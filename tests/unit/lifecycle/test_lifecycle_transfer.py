@@ -1,0 +1,63 @@
+"""The Mooncake wrapper over real transfer engines (TCP loopback): reads and writes by global offset land exactly,
+and failures are errors, never silent."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.transfer import MooncakeTransfer, TransferError, TransferSettings, _split
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a = MooncakeTransfer.start(TransferSettings(max_chunk_bytes=1 << 16))
+    b = MooncakeTransfer.start(TransferSettings(max_chunk_bytes=1 << 16))
+    region_a = torch.arange(1 << 20, dtype=torch.int32).to(torch.uint8)  # 1 MiB "global region" of a
+    region_b = torch.zeros(1 << 20, dtype=torch.uint8)
+    a.register(region_a.data_ptr(), region_a.numel())
+    b.register(region_b.data_ptr(), region_b.numel())
+    yield a, b, region_a, region_b
+    a.close()
+    b.close()
+
+
+def test_sessions_are_host_and_port_and_the_peer_base_is_its_first_registered_buffer(pair):
+    a, b, region_a, _ = pair
+    host, port = a.session.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0 and a.session != b.session
+    assert b.remote_base(a.session) == region_a.data_ptr()
+
+
+def test_read_by_offset_copies_exactly_those_bytes(pair):
+    a, b, region_a, region_b = pair
+    region_b.zero_()
+    local = region_b.data_ptr()
+    # two pieces, one longer than a chunk, at odd offsets
+    moved = b.read(a.session, [local + 10, local + 300_000], [4_096, 200_003], [150_000, 77])
+    assert moved == 150_077
+    assert torch.equal(region_b[10:150_010], region_a[4_096:154_096])
+    assert torch.equal(region_b[300_000:300_077], region_a[200_003:200_080])
+    assert int(region_b[150_010:300_000].count_nonzero()) == 0  # nothing else touched
+
+
+def test_write_by_offset_lands_in_the_peer(pair):
+    a, b, region_a, region_b = pair
+    region_b[:4096] = 7
+    before = region_a.clone()
+    b.write(a.session, [region_b.data_ptr()], [65_536], [4096])
+    assert torch.all(region_a[65_536:65_536 + 4096] == 7)
+    region_a.copy_(before)
+
+
+def test_out_of_range_and_unreachable_peers_raise(pair):
+    a, b, _, region_b = pair
+    with pytest.raises(TransferError, match="failed"):
+        b.read(a.session, [region_b.data_ptr()], [(1 << 20) - 10], [4096])  # runs past a's region
+    with pytest.raises(TransferError):
+        b.read("127.0.0.1:1", [region_b.data_ptr()], [0], [16])
+    with pytest.raises(ValueError):
+        b.read(a.session, [region_b.data_ptr()], [0], [0])
+
+
+def test_split_cuts_long_pieces_into_chunks():
+    assert _split([100], [1000], [25], 10) == ([100, 110, 120], [1000, 1010, 1020], [10, 10, 5])

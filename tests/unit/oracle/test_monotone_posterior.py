@@ -1,0 +1,63 @@
+"""Monotone correction and the numpy GP posterior (torch-free parts)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracle.core.monotone import conservative_bound, monotone_attainment, monotone_mean
+from oracle.core.posterior import GPPosterior
+
+
+
+@settings(max_examples=60, deadline=None)
+@given(y=st.lists(st.floats(-5, 5, allow_nan=False), min_size=1, max_size=30))
+def test_monotone_mean_is_non_decreasing_and_keeps_monotone_input(y):
+    y = np.array(y)
+    fixed = monotone_mean(y)
+    assert np.all(np.diff(fixed) >= -1e-12)
+    assert np.all((fixed >= y.min() - 1e-12) & (fixed <= y.max() + 1e-12))
+    ordered = np.sort(y)
+    np.testing.assert_allclose(monotone_mean(ordered), ordered)
+
+
+def test_monotone_mean_works_row_by_row():
+    rows = np.array([[0.2, 0.1, 0.5], [0.9, 0.3, 0.4]])
+    np.testing.assert_allclose(monotone_mean(rows), np.stack([monotone_mean(r) for r in rows]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(mean=st.lists(st.floats(-0.2, 1.2), min_size=1, max_size=40), k=st.floats(0, 3), seed=st.integers(0, 99))
+def test_monotone_attainment_is_ordered_bounded_and_conservative(mean, k, seed):
+    mean = np.array(mean)
+    std = np.random.default_rng(seed).uniform(0.0, 0.3, len(mean))
+    fixed_mean, bound = monotone_attainment(mean, std, k)
+    for series in (fixed_mean, bound):
+        assert np.all(np.diff(series) >= -1e-12) and np.all((series >= 0) & (series <= 1))
+    assert np.all(bound <= fixed_mean + 1e-12)
+    raw = np.clip(mean - k * std, 0, 1)
+    # never claims more for m than the raw bound of any m' >= m
+    assert np.all(bound <= np.minimum.accumulate(raw[::-1])[::-1] + 1e-12)
+
+
+def test_conservative_bound_on_a_dip():
+    bound = conservative_bound(np.array([0.5, 0.9, 0.6, 0.95]), np.zeros(4), 1.0)
+    np.testing.assert_allclose(bound, [0.5, 0.6, 0.6, 0.95])
+
+
+def test_posterior_interpolates_when_noise_is_small_and_reverts_far_away():
+    x = np.linspace(0, 6, 25)[:, None]
+    y = np.sin(x[:, 0])
+    post = GPPosterior.from_hyperparameters(
+        x, y, lengthscales=np.array([[0.3]]), outputscale=np.array([1.0]), noise=np.array([1e-6]),
+        constant=np.array([0.0]), x_mean=x.mean(0), x_std=x.std(0), y_mean=np.array([y.mean()]),
+        y_std=np.array([y.std()]))
+    mean, std = post.predict(x)
+    np.testing.assert_allclose(mean[:, 0], y, atol=1e-3)
+    assert np.all(std < 1e-2)
+    far_mean, far_std = post.predict(np.array([[100.0]]))
+    assert far_mean[0, 0] == pytest.approx(y.mean(), abs=1e-6)  # the constant mean, de-standardised
+    assert far_std[0, 0] == pytest.approx(y.std(), rel=1e-3)  # the prior's scale
+    again = GPPosterior.from_json(post.to_json())
+    np.testing.assert_allclose(again.predict(x)[0], mean)
+    with pytest.raises(ValueError, match="inputs per row"):
+        post.predict(np.zeros((1, 2)))

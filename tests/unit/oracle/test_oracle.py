@@ -1,0 +1,171 @@
+"""The Oracle: batched answers, roofline fallback, GP answers with versions, monotone bounds, online learning,
+background refits that never block predictions."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from contracts import (CapacityItem, CapacityQuery, ElasticityItem, ElasticityQuery, LoadFeatures, ModelLoadWindow,
+                       NeedVector)
+from oracle.core import Oracle, OraclePolicy, TrainingSet, UnknownModelError
+from oracle.core.dataset import ElasticitySample
+from oracle.core.refit import BackgroundRefitter
+
+FAST = OraclePolicy(num_train_iters=20, refit_min_new_samples=5, refit_min_interval_s=10.0, max_grid_replicas=16)
+
+
+def feats(rate_tps, input_mean=400.0, output_mean=150.0):
+    return LoadFeatures(token_rate_tps=rate_tps, input_len_mean=input_mean, input_len_var=(0.8 * input_mean) ** 2,
+                        output_len_mean=output_mean)
+
+
+@pytest.fixture(scope="module")
+def fitted(profile, training_set):
+    oracle = Oracle({"qwen": profile}, policy=FAST)
+    oracle.add_training_set(training_set)
+    oracle.refit("qwen", "capacity", now_s=0.0)
+    oracle.refit("qwen", "elasticity", now_s=0.0)
+    return oracle
+
+
+def test_roofline_answers_a_model_without_a_profile_of_measurements(profile):
+    oracle = Oracle({"qwen": profile})
+    reply = oracle.capacity(CapacityQuery(items=(CapacityItem(model="qwen", features=feats(2000.0)),), k_sigma=2.0))
+    (pred,) = reply.predictions
+    assert pred.source == "roofline" and pred.model_version == profile.version
+    truth = profile.roofline.needs(feats(2000.0), profile.tpot_slo_ms)
+    assert pred.mean.compute == pytest.approx(truth.compute)
+    assert pred.bound.compute == pytest.approx(truth.compute * (1 + 2 * profile.roofline_need_rel_std))
+    ela = oracle.elasticity(ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(40000.0),
+                                                                  replicas=(4, 1, 2)),)))
+    (p,) = ela.predictions
+    assert p.source == "roofline" and p.replicas == (4, 1, 2)
+    assert p.attainment_mean[1] <= p.attainment_mean[2] <= p.attainment_mean[0]
+    with pytest.raises(UnknownModelError):
+        oracle.capacity(CapacityQuery(items=(CapacityItem(model="nope", features=feats(1.0)),)))
+
+
+def test_gp_answers_in_the_order_asked_with_their_version(fitted):
+    items = tuple(CapacityItem(model="qwen", features=feats(r)) for r in (500.0, 20000.0, 3000.0))
+    reply = fitted.capacity(CapacityQuery(items=items, k_sigma=1.5))
+    assert [p.source for p in reply.predictions] == ["gp"] * 3
+    assert len({p.model_version for p in reply.predictions}) == 1
+    assert reply.predictions[0].model_version == fitted.versions("qwen")["capacity"]
+    computes = [p.mean.compute for p in reply.predictions]
+    assert computes[0] < computes[2] < computes[1]  # needs grow with the load
+    for p in reply.predictions:
+        for mean, std, bound in zip(p.mean.as_tuple(), p.std.as_tuple(), p.bound.as_tuple()):
+            assert bound == pytest.approx(mean + 1.5 * std)
+
+
+@pytest.mark.parametrize("rate", [1000.0, 15000.0, 40000.0, 90000.0])
+def test_gp_attainment_bound_is_non_decreasing_and_consistent_across_calls(fitted, rate):
+    replicas = tuple(range(1, 13))
+    (whole,) = fitted.elasticity(ElasticityQuery(
+        items=(ElasticityItem(model="qwen", features=feats(rate), replicas=replicas),), k_sigma=1.0)).predictions
+    assert whole.source == "gp"
+    assert all(b >= a for a, b in zip(whole.attainment_bound, whole.attainment_bound[1:]))
+    assert all(b >= a for a, b in zip(whole.attainment_mean, whole.attainment_mean[1:]))
+    assert all(b <= m + 1e-12 for b, m in zip(whole.attainment_bound, whole.attainment_mean))
+    # the binary search asks one m at a time: it must see the same numbers
+    for m in (1, 5, 12):
+        (alone,) = fitted.elasticity(ElasticityQuery(
+            items=(ElasticityItem(model="qwen", features=feats(rate), replicas=(m,)),), k_sigma=1.0)).predictions
+        assert alone.attainment_bound[0] == pytest.approx(whole.attainment_bound[m - 1])
+
+
+def test_more_k_sigma_is_more_conservative(fitted):
+    def bound(k):
+        q = ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(30000.0), replicas=(1, 2, 3)),),
+                            k_sigma=k)
+        return np.array(fitted.elasticity(q).predictions[0].attainment_bound)
+    assert np.all(bound(2.0) <= bound(0.0))
+    assert np.any(bound(2.0) < bound(0.0))
+
+
+def test_bad_replica_counts_are_refused(fitted):
+    with pytest.raises(ValueError):
+        ElasticityItem(model="qwen", features=feats(1.0), replicas=())
+    with pytest.raises(ValueError, match="replica counts"):
+        fitted.elasticity(ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(1.0), replicas=(0,)),)))
+
+
+def window(model, rate_tps, num_requests=10, ttft_attainment=0.9):
+    return ModelLoadWindow(model=model, window_s=10.0, end_unix_ms=0.0, num_requests=num_requests,
+                           request_rate_rps=num_requests / 10.0, features=feats(rate_tps),
+                           ttft_attainment=ttft_attainment)
+
+
+def test_observe_keeps_windows_with_something_to_learn(profile):
+    oracle = Oracle({"qwen": profile}, policy=FAST)
+    assert not oracle.observe(window("qwen", 1000.0, num_requests=0), 2)
+    assert not oracle.observe(window("qwen", 1000.0, ttft_attainment=None), 2)
+    assert oracle.observe(window("qwen", 1000.0), 2)
+    assert oracle.observe(window("qwen", 1000.0, ttft_attainment=None), 2,
+                          needs_per_replica=NeedVector(hbm=0.2, compute=0.1, bandwidth=0.1))
+    assert oracle.num_samples("qwen") == {"capacity": 1, "elasticity": 1}
+    cap = oracle._capacity_samples["qwen"][0]
+    assert cap.features.token_rate_tps == pytest.approx(500.0)  # one replica's share
+
+
+def test_refits_are_due_after_enough_new_samples_and_time(profile):
+    oracle = Oracle({"qwen": profile}, policy=FAST)
+    for i in range(4):
+        oracle.observe(window("qwen", 1000.0 * (i + 1)), 1)
+    assert oracle.due_for_refit(0.0) == []
+    oracle.observe(window("qwen", 9000.0, ttft_attainment=0.5), 1)
+    assert oracle.due_for_refit(0.0) == [("qwen", "elasticity")]
+    version = oracle.refit("qwen", "elasticity", now_s=0.0)
+    assert oracle.versions("qwen")["elasticity"] == version
+    for i in range(5):
+        oracle.observe(window("qwen", 500.0 * (i + 1)), 2)
+    assert oracle.due_for_refit(5.0) == []  # too soon after the last refit
+    assert oracle.due_for_refit(10.0) == [("qwen", "elasticity")]
+
+
+def test_background_refit_swaps_models_without_blocking_predictions(profile, training_set):
+    oracle = Oracle({"qwen": profile}, policy=FAST)
+    clock = {"now": 100.0}
+    refitted = threading.Event()
+    refitter = BackgroundRefitter(oracle, clock=lambda: clock["now"], poll_s=0.05,
+                                  on_refit=lambda model, kind, version: refitted.set())
+    query = ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(20000.0), replicas=(1, 2, 4)),))
+    refitter.start()
+    try:
+        assert oracle.elasticity(query).predictions[0].source == "roofline"
+        oracle.add_samples("qwen", elasticity=training_set.elasticity)
+        refitter.wake()
+        sources, latencies_ok = set(), True
+        deadline = time.monotonic() + 60.0
+        while not refitted.is_set() and time.monotonic() < deadline:
+            sources.add(oracle.elasticity(query).predictions[0].source)  # answered while the fit runs
+        assert refitted.is_set(), "refit did not finish in 60 s"
+        assert "roofline" in sources  # predictions kept coming during the fit
+        assert oracle.elasticity(query).predictions[0].source == "gp"
+        assert refitter.num_refits >= 1 and refitter.num_failures == 0
+    finally:
+        refitter.stop()
+
+
+def test_a_failed_refit_keeps_the_previous_model(profile):
+    def broken(samples, policy):
+        raise FloatingPointError("diverged")
+
+    oracle = Oracle({"qwen": profile}, policy=FAST, elasticity_trainer=broken)
+    oracle.add_samples("qwen", elasticity=[ElasticitySample(feats(100.0 * i), 1, 1.0) for i in range(1, 8)])
+    refitter = BackgroundRefitter(oracle, clock=lambda: 0.0)
+    assert refitter.run_once() == []
+    assert refitter.num_failures == 1
+    assert oracle.versions("qwen")["elasticity"] == profile.version
+
+
+def test_training_set_round_trips_through_json(tmp_path, training_set):
+    path = tmp_path / "set.json"
+    training_set.save(path)
+    again = TrainingSet.load(path)
+    assert again.model == training_set.model and again.ttft_slo_ms == training_set.ttft_slo_ms
+    assert again.capacity == training_set.capacity and again.elasticity == training_set.elasticity
+    path.write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="format"):
+        TrainingSet.load(path)

@@ -1,0 +1,134 @@
+"""The profiling harness: workload, measurement, the virtual-clock replay over the real engine, calibration."""
+import itertools
+
+import numpy as np
+import pytest
+
+from oracle.profile.calibrate import StepSample, fit_efficiency
+from oracle.profile.grid import GridPoint, LengthMix, load_grid
+from oracle.profile.measure import RequestRecord, StepRecord, attainment, decode_step_line, replica_needs
+from oracle.profile.workload import synth_requests
+from oracle.roofline import Efficiency, RooflineModel
+from oracle.specs import h200, model_shape
+
+MIX = LengthMix("chat", 64, 0.5, 8)
+
+
+def test_workload_is_poisson_seeded_and_clipped():
+    point = GridPoint(50.0, LengthMix("x", 300, 1.0, 40), 1)
+    a = synth_requests(point, 20.0, seed=3, max_prompt_len=400, max_output_len=50)
+    assert a == synth_requests(point, 20.0, seed=3, max_prompt_len=400, max_output_len=50)
+    assert abs(len(a) - 1000) < 4 * np.sqrt(1000)
+    assert all(0 <= r.arrival_s < 20.0 for r in a)
+    assert max(r.prompt_len for r in a) == 400 and min(r.prompt_len for r in a) >= 1
+    assert max(r.output_len for r in a) <= 50
+    with pytest.raises(ValueError):
+        synth_requests(point, 0.0, 1, 10, 10)
+    with pytest.raises(ValueError):
+        load_grid([], [MIX], [1])
+
+
+def test_token_level_attainment_counts_each_token_against_its_deadline():
+    on_time = RequestRecord(0.0, 10, 3, [0.1, 0.12, 0.14])  # TTFT 100 ms, 20 ms apart: all on time
+    late_start = RequestRecord(1.0, 10, 3, [1.3, 1.31, 1.32])  # TTFT 300 ms: the slack comes back by token 3
+    unfinished = RequestRecord(2.0, 10, 4, [2.1])  # 3 tokens never delivered: late
+    result = attainment([on_time, late_start, unfinished], ttft_slo_ms=200.0, tpot_slo_ms=100.0)
+    # late_start: token 1 due 0.2 (late), token 2 due 0.3 (0.31 late), token 3 due 0.4 (0.32 on time)
+    assert result.token == pytest.approx((3 + 1 + 1) / 10)
+    assert result.ttft == pytest.approx(2 / 3)
+    assert result.tpot == pytest.approx(2 / 3)  # the unfinished request misses its TPOT
+    assert attainment([], 1.0, 1.0).token == 1.0
+
+
+def test_decode_line_recovers_a_known_step_curve():
+    steps = [StepRecord(0.0, 0.002 + 0.0005 * b + 1e-6 * c, 0, b, c, 0)
+             for b, c in itertools.product([1, 2, 4, 8, 16], [100, 1000, 5000])]
+    a, b, c = decode_step_line(steps)
+    assert (a, b, c) == pytest.approx((0.002, 0.0005, 1e-6), rel=1e-6)
+
+
+def test_replica_needs_apply_the_paced_definition_to_measured_steps():
+    roofline = RooflineModel(h200(), model_shape("qwen2-0.5b"))
+    # 10 s window: 200 decode-only steps of batch 4 at 5 ms, and 10 prefill steps of 512 tokens at 30 ms
+    steps = [StepRecord(0.0, 0.005, 0, 4, 400, 1 << 20) for _ in range(200)]
+    steps += [StepRecord(0.0, 0.030, 512, 0, 0, 2 << 20) for _ in range(10)]
+    needs = replica_needs(steps, 10.0, roofline, tpot_slo_ms=50.0, mean_context_per_seq=100.0)
+    out_rate = 800 / 10.0
+    paced = roofline.paced_decode_steps_per_s(out_rate, 50.0)
+    assert needs.compute == pytest.approx(10 * 0.030 / 10.0 + paced * 0.005)
+    assert needs.hbm == pytest.approx((roofline.weight_bytes + (2 << 20)) / h200().hbm_bytes)
+    assert needs.bandwidth > 0
+    with pytest.raises(ValueError):
+        replica_needs(steps, 0.0, roofline, 50.0, 100.0)
+
+
+def test_calibration_recovers_the_efficiency_that_made_the_steps():
+    truth = Efficiency(mfu=0.3, mbu=0.1, step_overhead_ms=2.0)
+    made = RooflineModel(h200(), model_shape("qwen2-1.5b"), efficiency=truth)
+    samples = [StepSample(made.prefill_ms(n), num_prefill_tokens=n) for n in (16, 256, 2048, 8192)]
+    # decode steps whose KV reads span 1x to 100x the weights, so memory time and overhead are separable
+    samples += [StepSample(made.decode_step_ms(b, b * ctx), batch_size=b, context_tokens=b * ctx)
+                for b, ctx in ((1, 300), (64, 4000), (256, 8000), (256, 30000))]
+    fitted = fit_efficiency(RooflineModel(h200(), model_shape("qwen2-1.5b")), samples)
+    # a log-spaced grid of 49 points over 4 decades: within one grid step (x1.21)
+    assert fitted.mfu == pytest.approx(0.3, rel=0.22)
+    assert fitted.mbu == pytest.approx(0.1, rel=0.22)
+    assert fitted.step_overhead_ms == pytest.approx(2.0, rel=0.3)
+    with pytest.raises(ValueError):
+        fit_efficiency(made, samples[:2])
+
+
+class StepClock:
+    """A deterministic timer: every read advances 5 ms, so each engine step 'takes' 5 ms of virtual time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 0.005
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def engines(demo_models_dir):
+    import torch
+
+    from worker.engine.config import EngineConfig
+    from worker.engine.engine import LLMEngine
+
+    torch.set_num_threads(1)
+    config = EngineConfig(kv_cache_bytes=8 << 20, max_num_seqs=16)
+    return [LLMEngine(demo_models_dir / "demo-tiny", config=config) for _ in range(2)]
+
+
+def test_virtual_replicas_serve_every_request_on_their_own_clocks(engines):
+    from oracle.profile.harness import step_probe
+    from oracle.profile.replay import run_virtual
+
+    workload = synth_requests(GridPoint(40.0, MIX, 2), 1.0, seed=1, max_prompt_len=200, max_output_len=20)
+    result = run_virtual(engines, workload, engines[0].model_config.vocab_size, end_s=60.0, probe=step_probe,
+                         timer=StepClock(), id_prefix="t1-")
+    assert not result.is_truncated
+    for request in workload:
+        record = result.requests[request.request_id]
+        assert len(record.token_times_s) == request.output_len
+        assert record.token_times_s[0] > request.arrival_s
+        assert record.token_times_s == sorted(record.token_times_s)
+    counts = [len(r.request_ids) for r in result.replicas]
+    assert sum(counts) == len(workload) and min(counts) > 0.3 * len(workload)
+    for replica in result.replicas:
+        assert all(s.wall_s == pytest.approx(0.005) for s in replica.steps)
+        assert sum(s.num_decode_tokens + s.num_prefill_tokens for s in replica.steps) > 0
+        assert not replica.engine.has_unfinished()
+
+
+def test_virtual_run_stops_at_its_end_and_counts_the_rest_late(engines):
+    from oracle.profile.harness import step_probe
+    from oracle.profile.replay import run_virtual
+
+    workload = synth_requests(GridPoint(400.0, MIX, 1), 1.0, seed=2, max_prompt_len=200, max_output_len=20)
+    result = run_virtual(engines[:1], workload, engines[0].model_config.vocab_size, end_s=0.5, probe=step_probe,
+                         timer=StepClock(), id_prefix="t2-")
+    assert result.is_truncated
+    assert attainment(list(result.requests.values()), 100.0, 20.0).token < 1.0
+    assert not engines[0].has_unfinished()

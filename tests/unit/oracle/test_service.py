@@ -1,0 +1,82 @@
+"""The oracle service over a real nats-server: batched replies, typed errors, learning from telemetry windows."""
+import asyncio
+
+import pytest
+
+from contracts import (CapacityItem, CapacityQuery, CapacityReply, DeviceInfo, ElasticityItem, ElasticityQuery,
+                       ElasticityReply, ErrorCode, InstanceRole, InstanceStatus, LoadFeatures, ModelLoadWindow,
+                       ModelState, PageCounters, Pool, WorkerHeartbeat, subjects)
+from oracle.service import OracleService
+from runtime.bus import BusError
+from runtime.settings import ClusterConfig, JanusSettings, ModelSpec
+
+FEATURES = LoadFeatures(token_rate_tps=500.0, input_len_mean=128.0, input_len_var=4096.0, output_len_mean=32.0)
+
+
+def heartbeat(worker_id, model, num_active):
+    return WorkerHeartbeat(
+        worker_id=worker_id, seq=1, sent_unix_ms=0.0, device=DeviceInfo(kind="cpu", name="cpu", hbm_bytes=1 << 30),
+        pages=PageCounters(page_size_bytes=2 << 20, num_pages_total=10, num_pages_free=10, fragmentation=0.0),
+        instances=tuple(InstanceStatus(instance_id=f"{worker_id}-{i}", model=model, role=InstanceRole.COLOCATED,
+                                       pool=Pool.ELASTIC, state=ModelState.ACTIVE) for i in range(num_active)))
+
+
+@pytest.fixture
+async def service(bus_factory, demo_models_dir, nats_url):
+    settings = JanusSettings(nats_url=nats_url, instance="oracle-test", state_dir=demo_models_dir.parent)
+    cluster = ClusterConfig(models=[ModelSpec(name="tiny", path=demo_models_dir / "demo-tiny", ttft_slo_ms=500,
+                                              tpot_slo_ms=50)],
+                            oracle={"refit_min_new_samples": 3, "refit_min_interval_s": 0.0, "num_train_iters": 10})
+    svc = OracleService(settings, cluster)
+    await svc.start(await bus_factory("oracle"))
+    yield svc
+    await svc.stop()
+
+
+async def test_batched_queries_get_roofline_answers_with_versions(service, bus_factory):
+    client = await bus_factory("planner")
+    query = CapacityQuery(items=(CapacityItem(model="tiny", features=FEATURES),
+                                 CapacityItem(model="tiny", features=FEATURES.model_copy(
+                                     update={"token_rate_tps": 5000.0}))))
+    reply = await client.request(subjects.ORACLE_CAPACITY, query, CapacityReply)
+    assert [p.source for p in reply.predictions] == ["roofline", "roofline"]
+    assert reply.predictions[0].mean.compute < reply.predictions[1].mean.compute
+    assert reply.predictions[0].model_version.startswith("roofline-cpu-calibrated-tiny")
+    ela = await client.request(subjects.ORACLE_ELASTICITY, ElasticityQuery(
+        items=(ElasticityItem(model="tiny", features=FEATURES, replicas=(1, 2, 8)),)), ElasticityReply)
+    bound = ela.predictions[0].attainment_bound
+    assert list(bound) == sorted(bound)
+
+
+async def test_unknown_models_get_a_typed_error(service, bus_factory):
+    client = await bus_factory("planner")
+    with pytest.raises(BusError) as err:
+        await client.request(subjects.ORACLE_CAPACITY,
+                             CapacityQuery(items=(CapacityItem(model="ghost", features=FEATURES),)), CapacityReply)
+    assert err.value.error.code == ErrorCode.UNKNOWN_MODEL
+
+
+async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service, bus_factory):
+    publisher = await bus_factory("dispatcher")
+    await publisher.publish(subjects.worker_telemetry("w1"), heartbeat("w1", "tiny", 2))
+    await publisher.publish(subjects.worker_telemetry("w2"), heartbeat("w2", "tiny", 1))
+    for i in range(4):
+        window = ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=float(i), num_requests=20,
+                                 request_rate_rps=2.0, features=FEATURES.model_copy(
+                                     update={"token_rate_tps": 300.0 * (i + 1)}), ttft_attainment=1.0 - 0.2 * i)
+        await publisher.publish(subjects.model_telemetry("tiny"), window)
+    for _ in range(200):
+        if service.num_windows_learnt == 4:
+            break
+        await asyncio.sleep(0.02)
+    assert service.num_replicas("tiny") == 3
+    assert service.num_windows_learnt == 4
+    samples = service.oracle._elasticity_samples["tiny"]
+    assert {s.num_replicas for s in samples} == {3}
+    # the refitter was woken: the elasticity model is refitted in the background
+    for _ in range(300):
+        if service.oracle.versions("tiny")["elasticity"].startswith("gp-"):
+            break
+        await asyncio.sleep(0.1)
+    assert service.oracle.versions("tiny")["elasticity"].startswith("gp-")
+    assert service.health().detail["tiny.elasticity"].startswith("gp-")

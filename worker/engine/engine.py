@@ -1,0 +1,385 @@
+"""`LLMEngine`: one model, paged KV, continuous batching; `step()` is the whole loop (schedule, run, sample,
+stream).
+
+Threading: `step()` runs in one engine thread. `add_request`, `abort` and the P/D `add_*` calls come from
+another thread (the worker's asyncio loop): they validate at once (raising on bad input) and queue the work in an
+inbox that `step()` drains first. Calls that must answer at once (`reserve_kv_blocks`, `release_kv_blocks`,
+`stats`) take the engine lock, which `step()` holds only while scheduling and post-processing, never during the
+model's forward pass.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence as Seq
+
+import torch
+
+from contracts.requests import SamplingParams
+
+from .block_manager import BlockManager
+from .config import EngineConfig, ModelConfig
+from .kv_cache import KVBlockLayout, PagedKVCache
+from .kv_pool import PlainKVPageSource, PlainWeightPageSource
+from .metrics import EngineMetrics
+from .model import CausalLM
+from .model_runner import ModelRunner
+from .outputs import EngineOutput, EngineStats, StepRecord
+from .rope import RotaryEmbedding
+from .sampler import Sampler
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+from .stop import StopStringMatcher
+from .tokenizer import IncrementalDetokenizer, TextTokenizer
+from .pd import PrefillDecodeMixin
+from .verify import CanaryResult, WeightVerificationMixin
+from .weights import WeightLayout, load_checkpoint
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _TextStream:
+    detokenizer: IncrementalDetokenizer
+    stop: StopStringMatcher
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        return _DTYPES[dtype]
+    return dtype
+
+
+class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
+    """A paged-KV inference engine for one Qwen2/Llama-family model in a local Hugging Face folder.
+
+    `kv_source` / `weight_source` are the `worker.memory` interfaces (xTensor on a worker); when None, plain
+    pools stand behind the same interfaces. `owner` names this engine to those sources (default: a unique id).
+    P/D entry points: see `pd.PrefillDecodeMixin`; weight verification and `bind_weights`: `verify`.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        config: EngineConfig | None = None,
+        kv_source=None,
+        weight_source=None,
+        owner: str | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.config = config or EngineConfig()
+        self.device = torch.device(device)
+        self.dtype = _resolve_dtype(dtype, self.device)
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self._tokenizer = TextTokenizer.from_dir(self.model_dir)
+        self.owner = owner or f"{self.model_dir.name}-{uuid.uuid4().hex[:8]}"
+        mc, cfg = self.model_config, self.config
+        self._max_model_len = min(cfg.max_model_len or 8192, mc.max_position_embeddings)
+        self._eos_token_ids = frozenset(self._tokenizer.eos_token_ids or mc.eos_token_ids)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+        # Weights: one flat buffer from the weight source, typed views bound over it.
+        self.weight_layout = WeightLayout.for_config(mc, self.dtype)
+        self.weight_source = weight_source or PlainWeightPageSource()
+        self.weight_buffer = self.weight_source.allocate_weights(
+            self.owner, self.weight_layout.total_bytes, str(self.device)
+        )
+        load_checkpoint(self.model_dir, self.weight_layout, self.weight_buffer)
+        rope = RotaryEmbedding(mc, self._max_model_len, self.dtype, self.device)
+        self.model = CausalLM(mc, self.weight_layout.bind(self.weight_buffer), rope)
+
+        # KV: pages from the source, blocks from the pages.
+        kv_layout = KVBlockLayout(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, cfg.block_size, self.dtype)
+        kv_bytes = cfg.resolved_kv_cache_bytes(self.device.type)
+        if kv_source is None:
+            kv_source = PlainKVPageSource(-(-kv_bytes // cfg.page_size_bytes), cfg.page_size_bytes)
+        max_num_pages = max(1, -(-kv_bytes // kv_source.page_size_bytes))
+        self.kv_cache = PagedKVCache(kv_source, self.owner, kv_layout, max_num_pages, self.device)
+        self.block_manager = BlockManager(
+            block_size=cfg.block_size,
+            blocks_per_page=self.kv_cache.blocks_per_page,
+            max_num_pages=max_num_pages,
+            acquire_pages=self.kv_cache.acquire_pages,
+            release_pages=self.kv_cache.release_pages,
+            num_free_pages_cached=cfg.num_free_pages_cached,
+        )
+        null_block = self.block_manager.allocate([], 1)
+        if not null_block:
+            raise RuntimeError("the KV page source has no page for this engine")
+        usable_tokens = (self.block_manager.max_num_blocks - 1) * cfg.block_size
+        if usable_tokens < 2:
+            raise ValueError("kv_cache_bytes is too small for even one request")
+        # A request must always fit alone, or preemption could never make room for it.
+        self._max_model_len = min(self._max_model_len, usable_tokens)
+
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, null_block_id=null_block[0], device=self.device)
+        self.sampler = Sampler(self.device, cfg.seed)
+        self.metrics = EngineMetrics(cfg.stats_window_s)
+        self.cuda_graph_error: str | None = None  # why decode runs eagerly on CUDA, if it does
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # weights and zeroed pages were written on the default stream
+        if self.device.type == "cuda" and cfg.use_cuda_graphs:
+            from .cuda_graphs import CudaGraphRunner
+
+            try:
+                self.runner.graphs = CudaGraphRunner(
+                    self.runner, max_batch_size=min(cfg.cuda_graph_max_batch_size, cfg.max_num_seqs),
+                    max_model_len=self._max_model_len, stream=self._stream,
+                )
+            except RuntimeError as exc:  # a capture the driver refuses must not take the model down: run eagerly
+                self.cuda_graph_error = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"{self.model_name}: CUDA graph capture failed, decoding eagerly ({exc})", stacklevel=2)
+
+        self._lock = threading.RLock()
+        self._inbox: deque[tuple] = deque()
+        self._ids_lock = threading.Lock()
+        self._live_ids: set[str] = set()
+        self._seqs: dict[str, Sequence] = {}
+        self._streams: dict[str, _TextStream] = {}
+        self._held: dict[str, Sequence] = {}  # P/D: finished prefills keeping their blocks for transfer
+        self._reserved: dict[str, list[int]] = {}  # P/D: blocks reserved for a decode another instance prefills
+        self.last_logits: dict[str, torch.Tensor] = {}  # filled when config.keep_logits
+        self.num_preemptions = 0
+        self.last_step: StepRecord | None = None
+        self.reference_canary: CanaryResult = self.canary()
+
+    # ---- properties ---------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.model_dir.name
+
+    # ---- requests (any thread) ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams) -> None:
+        """Queue a request. Raises ValueError at once for bad input: an empty or too long prompt (it must leave
+        room for one output token within `max_model_len`), an id outside the vocabulary, a duplicate live id."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling)
+        self._inbox.append(("add", seq))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request wherever it is; its last output says finish_reason "abort". Unknown ids are ignored."""
+        self._inbox.append(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_work()
+
+    # ---- the loop (engine thread) -------------------------------------------------------------------------
+    def step(self) -> list[EngineOutput]:
+        """Run one scheduling step: admit queued requests, run one forward pass over the batch, sample, and
+        return each affected request's new tokens and text."""
+        with self._lock:
+            now = time.monotonic()
+            outputs = self._drain_inbox(now)
+            batch = self.scheduler.schedule()
+            self.num_preemptions += len(batch.preempted)
+        if batch.is_empty:
+            return outputs
+        started = time.monotonic()
+        with torch.inference_mode(), self._stream_context():
+            sample_indices, logits = self.runner.execute(batch.seqs, batch.num_new_tokens)
+            tokens, logprobs = [], None
+            if sample_indices:
+                sampled = [batch.seqs[i] for i in sample_indices]
+                tokens, logprobs = self.sampler.sample(
+                    logits, [s.request_id for s in sampled], [s.sampling for s in sampled]
+                )
+        finished_s = time.monotonic()
+        with self._lock:
+            num_prefill = num_decode = 0
+            for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+                is_decode = num_new == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
+                num_decode += num_new if is_decode else 0
+                num_prefill += 0 if is_decode else num_new
+                seq.num_computed_tokens += num_new
+            for k, i in enumerate(sample_indices):
+                seq = batch.seqs[i]
+                if self.config.keep_logits:
+                    self.last_logits[seq.request_id] = logits[k].detach().cpu()
+                outputs.append(self._on_token(seq, tokens[k], logprobs[k] if logprobs else None, finished_s))
+            self.metrics.record_step(finished_s, finished_s - started, num_prefill, num_decode)
+            self.last_step = StepRecord(num_prefill, num_decode, len(batch.seqs), finished_s - started)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            now = time.monotonic()
+            prefill_tps, decode_tps = self.metrics.tokens_per_s(now)
+            num_pending = sum(1 for kind, *_ in list(self._inbox) if kind in ("add", "add_decode"))
+            return EngineStats(
+                num_waiting=len(self.scheduler.waiting) + num_pending,
+                num_running=len(self.scheduler.running),
+                num_kv_blocks_used=self.block_manager.num_used_blocks - 1,  # not the padding block
+                num_kv_blocks_free=self.block_manager.num_free_blocks,
+                ttft_ms_p50=self.metrics.ttft_ms_p50(now),
+                tpot_ms_p50=self.metrics.tpot_ms_p50(now),
+                prefill_tokens_per_s=prefill_tps,
+                decode_tokens_per_s=decode_tps,
+                num_held_prefills=len(self._held),
+                num_preemptions=self.num_preemptions,
+            )
+
+    # ---- internals ----------------------------------------------------------------------------------------
+    def _stream_context(self):
+        return torch.cuda.stream(self._stream) if self._stream is not None else _NullContext()
+
+    def _validate(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams) -> list[int]:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError("sampling must be a contracts.SamplingParams")
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("the prompt must have at least one token")
+        if len(prompt) >= self._max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens leaves no room to generate within max_model_len {self._max_model_len}"
+            )
+        vocab = self.model_config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        return prompt
+
+    def _claim_id(self, request_id: str) -> None:
+        with self._ids_lock:
+            if request_id in self._live_ids:
+                raise ValueError(f"request {request_id!r} is already in the engine")
+            self._live_ids.add(request_id)
+
+    def _new_sequence(
+        self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams, *, is_prefill_only: bool = False
+    ) -> Sequence:
+        prompt = self._validate(request_id, prompt_token_ids, sampling)
+        self._claim_id(request_id)
+        return Sequence(request_id=request_id, token_ids=prompt, num_prompt_tokens=len(prompt), sampling=sampling,
+                        arrival_s=time.monotonic(), is_prefill_only=is_prefill_only)
+
+    def _register(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        context = seq.token_ids[: seq.num_prompt_tokens]
+        self._streams[seq.request_id] = _TextStream(
+            IncrementalDetokenizer(self._tokenizer, context_token_ids=context[-8:]),
+            StopStringMatcher(seq.sampling.stop),
+        )
+        self.sampler.add_request(seq.request_id, seq.sampling)
+
+    def _drain_inbox(self, now: float) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        while self._inbox:
+            kind, *args = self._inbox.popleft()
+            if kind == "add":
+                (seq,) = args
+                self._register(seq)
+                self.scheduler.add(seq)
+            elif kind == "add_decode":
+                outputs.extend(self._admit_decode(*args))
+            elif kind == "abort":
+                outputs.extend(self._abort_now(args[0]))
+        return outputs
+
+    def _abort_now(self, request_id: str) -> list[EngineOutput]:
+        seq = self._seqs.get(request_id) or self._held.get(request_id)
+        if seq is None:
+            blocks = self._reserved.pop(request_id, None)
+            if blocks:
+                self.block_manager.free(blocks)
+            return []
+        self._finish(seq)
+        return [self._output(seq, (), "", None, "abort")]
+
+    def _finish(self, seq: Sequence) -> None:
+        """Take a request out of the engine and give its blocks back."""
+        if seq.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING):
+            self.scheduler.remove(seq)
+        if seq.block_ids:
+            self.block_manager.free(seq.block_ids)
+            seq.block_ids = []
+        seq.status = SequenceStatus.FINISHED
+        rid = seq.request_id
+        self._seqs.pop(rid, None)
+        self._held.pop(rid, None)
+        self._streams.pop(rid, None)
+        self.sampler.remove_request(rid)
+        with self._ids_lock:
+            self._live_ids.discard(rid)
+
+    def _output(self, seq, token_ids, text, logprobs, finish_reason, **extra) -> EngineOutput:
+        return EngineOutput(
+            request_id=seq.request_id, token_ids=tuple(token_ids), text=text, logprobs=logprobs,
+            is_finished=finish_reason is not None, finish_reason=finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, **extra,
+        )
+
+    def _is_stop_token(self, token: int, sampling: SamplingParams) -> bool:
+        return token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos_token_ids)
+
+    def _on_token(self, seq: Sequence, token: int, logprob: float | None, now: float) -> EngineOutput:
+        sp = seq.sampling
+        seq.token_ids.append(token)
+        if seq.first_token_s is None:
+            seq.first_token_s = now
+            self.metrics.record_ttft(now, (now - seq.arrival_s) * 1000.0)
+        seq.last_token_s = now
+        stream = self._streams[seq.request_id]
+        finish_reason = None
+        text = ""
+        if self._is_stop_token(token, sp):
+            finish_reason = "stop"  # the stop token is reported, its text is not
+        else:
+            text = stream.stop.push(stream.detokenizer.feed([token]))
+            if stream.stop.is_stopped:
+                finish_reason = "stop"
+        if finish_reason is None and (seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self._max_model_len):
+            finish_reason = "length"
+        if finish_reason is not None and not stream.stop.is_stopped:
+            text += stream.stop.push(stream.detokenizer.flush())
+            text += stream.stop.flush()
+            if stream.stop.is_stopped:
+                finish_reason = "stop"
+        logprobs = (logprob,) if sp.logprobs and logprob is not None else None
+        if finish_reason is not None:
+            self._record_tpot(seq, now)
+            self._finish(seq)
+            return self._output(seq, (token,), text, logprobs, finish_reason)
+        if seq.is_prefill_only:
+            return self._hold(seq, token, text, logprobs)
+        return self._output(seq, (token,), text, logprobs, None)
+
+    def _record_tpot(self, seq: Sequence, now: float) -> None:
+        num_sampled = seq.num_output_tokens - seq.num_inherited_output_tokens
+        if num_sampled > 1 and seq.first_token_s is not None:
+            self.metrics.record_tpot(now, (now - seq.first_token_s) * 1000.0 / (num_sampled - 1))
+
+    @property
+    def kv_block_num_bytes(self) -> int:
+        """Bytes of one KV block (all layers, K and V): the unit of P/D transfer."""
+        return self.kv_cache.block_num_bytes
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

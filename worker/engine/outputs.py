@@ -1,0 +1,58 @@
+"""What `LLMEngine.step()` and `LLMEngine.stats()` return. Torch-free, so shells can type against them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """One request's progress in one step.
+
+    `token_ids` are the tokens new this step (usually one), `text` the text they add (stop strings and text that
+    could still become one are held back). `is_finished` is True exactly once per request, with its reason.
+
+    Prefill/decode disaggregation: a request added with `add_prefill_request` ends with one output where
+    `is_prefill_done` is True and `kv_block_ids` lists the blocks holding its prompt's KV (kept until
+    `release_kv_blocks`); `is_finished` stays False there unless the request already ended at its first token.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...] | None
+    is_finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    is_prefill_done: bool = False
+    kv_block_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load, for the worker's heartbeat. Latencies and rates are measured over a recent window
+    (EngineConfig.stats_window_s); None until there is a sample."""
+
+    num_waiting: int
+    num_running: int
+    num_kv_blocks_used: int
+    num_kv_blocks_free: int
+    ttft_ms_p50: float | None
+    tpot_ms_p50: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    num_held_prefills: int = 0  # P/D: finished prefills whose KV blocks wait for transfer
+    num_preemptions: int = 0  # since start: requests recomputed because KV blocks ran out
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the last `step()` computed (profilers and cost models read it: `LLMEngine.last_step`)."""
+
+    num_prefill_tokens: int  # prompt tokens (and recomputed tokens of preempted requests)
+    num_decode_tokens: int
+    num_seqs: int
+    duration_s: float  # model forward + sampling

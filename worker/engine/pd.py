@@ -1,0 +1,158 @@
+"""Prefill/decode disaggregation entry points of `LLMEngine` (a mixin; the engine's state lives there).
+
+The flow, with a prefill instance P and a decode instance D of the same model (same block size and dtype, so
+blocks have the same byte size):
+
+1. D: `blocks = reserve_kv_blocks(rid, num_prompt_tokens)`; D sends `kv_block_global_offsets(blocks)` (and
+   `kv_block_num_bytes`) to P, e.g. as `contracts.KVTarget`.
+2. P: `add_prefill_request(rid, prompt, sampling)`; `step()` eventually yields an output with
+   `is_prefill_done=True`, the first token, and `kv_block_ids` (P's blocks holding the prompt's KV).
+3. P writes its blocks into D's: with Mooncake, local addresses `kv_block_data_ptrs(P's blocks)` to D's global
+   offsets, `kv_block_num_bytes` each; without it, `read_kv_blocks` on P and `write_kv_blocks` on D.
+   Then P calls `release_kv_blocks(rid)`.
+4. D: `add_decode_request(rid, prompt, first_token_id, sampling, blocks)`; D's outputs continue the stream from
+   the second token (`num_output_tokens` counts the first one too).
+
+Stop strings stay exact across the hand-over: P emits the first token's text minus any tail that could start a
+stop string, and D, fed the same first token, holds back the same tail and emits it (or drops it) later.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence as Seq
+
+import torch
+
+from contracts.requests import SamplingParams
+
+from .outputs import EngineOutput
+from .sequence import Sequence, SequenceStatus
+
+
+class PrefillDecodeMixin:
+    # ---- prefill side -------------------------------------------------------------------------------------
+    def add_prefill_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams) -> None:
+        """Queue a prefill-only request: it computes the prompt's KV and samples the first token, then holds its
+        blocks (`EngineOutput.is_prefill_done`, `kv_block_ids`) until `release_kv_blocks(request_id)`."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling, is_prefill_only=True)
+        self._inbox.append(("add", seq))
+
+    def _hold(self, seq: Sequence, token: int, text: str, logprobs) -> EngineOutput:
+        rid = seq.request_id
+        self.scheduler.remove(seq)
+        seq.status = SequenceStatus.HELD
+        self._held[rid] = seq
+        self._seqs.pop(rid, None)
+        self._streams.pop(rid, None)
+        self.sampler.remove_request(rid)
+        return self._output(seq, (token,), text, logprobs, None, is_prefill_done=True,
+                            kv_block_ids=tuple(seq.block_ids))
+
+    def release_kv_blocks(self, request_id: str) -> None:
+        """Free a held prefill's blocks (after the transfer) or an unused reservation. Unknown ids are ignored."""
+        with self._lock:
+            seq = self._held.get(request_id)
+            if seq is not None:
+                self._finish(seq)
+                return
+            blocks = self._reserved.pop(request_id, None)
+            if blocks:
+                self.block_manager.free(blocks)
+
+    # ---- decode side --------------------------------------------------------------------------------------
+    def reserve_kv_blocks(self, request_id: str, num_tokens: int) -> tuple[int, ...] | None:
+        """Blocks for `num_tokens` tokens of KV that another instance will write, or None when memory is short."""
+        if not 1 <= num_tokens < self.max_model_len:
+            raise ValueError(f"num_tokens must be in [1, {self.max_model_len})")
+        with self._lock:
+            with self._ids_lock:
+                is_live = request_id in self._live_ids
+            if is_live or request_id in self._reserved:
+                raise ValueError(f"request {request_id!r} already has KV blocks here")
+            blocks = self.block_manager.allocate([], num_tokens)
+            if blocks is None:
+                return None
+            self._reserved[request_id] = blocks
+            return tuple(blocks)
+
+    def add_decode_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        first_token_id: int,
+        sampling: SamplingParams,
+        block_ids: Seq[int],
+    ) -> None:
+        """Continue a request whose prompt KV another instance wrote into `block_ids` (as returned by
+        `reserve_kv_blocks` for this request) and whose first token it sampled."""
+        prompt = self._validate(request_id, prompt_token_ids, sampling)
+        if not 0 <= int(first_token_id) < self.model_config.vocab_size:
+            raise ValueError("first_token_id is outside the vocabulary")
+        with self._lock:
+            reserved = self._reserved.get(request_id)
+            if reserved is None or list(block_ids) != reserved:
+                raise ValueError("block_ids must be the blocks reserve_kv_blocks returned for this request")
+            if len(reserved) < self.block_manager.num_blocks_for(len(prompt)):
+                raise ValueError(f"{len(reserved)} blocks cannot hold a {len(prompt)}-token prompt")
+            self._claim_id(request_id)
+            del self._reserved[request_id]
+        seq = Sequence(
+            request_id=request_id, token_ids=prompt + [int(first_token_id)], num_prompt_tokens=len(prompt),
+            sampling=sampling, arrival_s=0.0, num_computed_tokens=len(prompt), block_ids=list(reserved),
+            num_inherited_output_tokens=1,
+        )
+        self._inbox.append(("add_decode", seq))
+
+    def _admit_decode(self, seq: Sequence) -> list[EngineOutput]:
+        seq.arrival_s = time.monotonic()
+        self._register(seq)
+        first = seq.token_ids[-1]
+        stream = self._streams[seq.request_id]
+        is_stop_token = self._is_stop_token(first, seq.sampling)
+        if not is_stop_token:
+            stream.stop.push(stream.detokenizer.feed([first]))  # already streamed by the prefill instance
+        reason = None
+        if is_stop_token or stream.stop.is_stopped:
+            reason = "stop"
+        elif seq.sampling.max_tokens <= 1 or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(seq)
+            return [self._output(seq, (), "", None, reason)]
+        self.scheduler.add(seq)
+        return []
+
+    # ---- raw KV access ------------------------------------------------------------------------------------
+    def _check_transferable(self, block_ids: Seq[int]) -> list[int]:
+        with self._lock:
+            allowed = {b for blocks in self._reserved.values() for b in blocks}
+            allowed.update(b for seq in self._held.values() for b in seq.block_ids)
+        ids = [int(b) for b in block_ids]
+        if not set(ids) <= allowed:
+            raise ValueError("only blocks of held prefills or of reservations can be read or written")
+        return ids
+
+    def kv_block_global_offsets(self, block_ids: Seq[int]) -> tuple[int, ...]:
+        """Each block's byte offset in the device's global region (`KVPageSource.kv_page_global_offset`)."""
+        return tuple(self.kv_cache.block_global_offset(b) for b in self._check_transferable(block_ids))
+
+    def kv_block_data_ptrs(self, block_ids: Seq[int]) -> tuple[int, ...]:
+        """Each block's address in this process (the local side of a Mooncake transfer)."""
+        return tuple(self.kv_cache.block_data_ptr(b) for b in self._check_transferable(block_ids))
+
+    def read_kv_blocks(self, block_ids: Seq[int]) -> torch.Tensor:
+        """A CPU uint8 copy `[n, kv_block_num_bytes]` of held or reserved blocks."""
+        ids = self._check_transferable(block_ids)
+        with self._stream_context():
+            data = self.kv_cache.read_blocks(ids)
+            if self._stream is not None:
+                self._stream.synchronize()
+        return data
+
+    def write_kv_blocks(self, block_ids: Seq[int], data: torch.Tensor) -> None:
+        """Overwrite reserved (or held) blocks with raw bytes as `read_kv_blocks` returns them."""
+        ids = self._check_transferable(block_ids)
+        with self._stream_context():
+            self.kv_cache.write_blocks(ids, data)
+            if self._stream is not None:
+                self._stream.synchronize()

@@ -1,0 +1,81 @@
+"""Token choice for a batch of requests: greedy, temperature, top-k, top-p, per-request seeds, and the
+log-probability of each chosen token.
+
+A request with a seed draws from its own generator, so its output does not depend on what else shares the batch;
+requests without one share the engine's generator. Log-probabilities are those of the model's distribution
+(raw logits, before temperature and truncation), as the OpenAI API reports them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from contracts.requests import SamplingParams
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.device = device
+        self._shared_generator = torch.Generator(device=device)
+        self._shared_generator.manual_seed(seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def add_request(self, request_id: str, sampling: SamplingParams) -> None:
+        if sampling.seed is not None and sampling.temperature > 0:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(sampling.seed)
+            self._generators[request_id] = generator
+
+    def remove_request(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def sample(
+        self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams]
+    ) -> tuple[list[int], list[float] | None]:
+        """logits: [N, vocab] float32, one row per request. Returns (token ids, their log-probabilities or None
+        when no request asked for them)."""
+        num_rows = logits.shape[0]
+        is_greedy = [p.temperature == 0.0 or p.top_k == 1 for p in params]
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i in range(num_rows) if not is_greedy[i]]
+        if random_rows:
+            probs = self._probabilities(logits[random_rows], [params[i] for i in random_rows])
+            shared = [j for j, i in enumerate(random_rows) if request_ids[i] not in self._generators]
+            chosen = torch.empty(len(random_rows), dtype=torch.long, device=logits.device)
+            if shared:
+                chosen[shared] = torch.multinomial(probs[shared], 1, generator=self._shared_generator).squeeze(1)
+            for j, i in enumerate(random_rows):
+                generator = self._generators.get(request_ids[i])
+                if generator is not None:
+                    chosen[j] = torch.multinomial(probs[j], 1, generator=generator)[0]
+            tokens[random_rows] = chosen
+        logprobs = None
+        if any(p.logprobs for p in params):
+            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
+        return tokens.tolist(), logprobs
+
+    @staticmethod
+    def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Temperature, then top-k, then top-p (the order transformers and vLLM use), then softmax."""
+        device = logits.device
+        vocab = logits.shape[-1]
+        temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+        x = logits / temperatures[:, None]
+        top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+        if any(top_ks):
+            k_max = max(top_ks)
+            top_values = x.topk(k_max, dim=-1).values
+            k_index = torch.tensor([max(k, 1) - 1 for k in top_ks], device=device)
+            thresholds = top_values.gather(1, k_index[:, None])
+            has_k = torch.tensor([k > 0 for k in top_ks], device=device)[:, None]
+            x = x.masked_fill(has_k & (x < thresholds), float("-inf"))
+        top_ps = [p.top_p for p in params]
+        if any(p < 1.0 for p in top_ps):
+            sorted_x, order = x.sort(dim=-1, descending=True)
+            sorted_probs = sorted_x.softmax(dim=-1)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            top_p = torch.tensor(top_ps, dtype=logits.dtype, device=device)[:, None]
+            sorted_x = sorted_x.masked_fill(mass_before > top_p, float("-inf"))  # the top token always stays
+            x = torch.empty_like(x).scatter_(1, order, sorted_x)
+        return x.softmax(dim=-1)

@@ -1,0 +1,54 @@
+"""A request inside the engine: its tokens, how many have KV computed, its blocks. Torch-free."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from contracts.requests import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    HELD = "held"  # P/D prefill done: KV blocks kept for transfer, no more compute
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request. `token_ids` is prompt + output; KV exists for the first `num_computed_tokens` of them.
+
+    Preemption by recompute only resets `num_computed_tokens` (and frees the blocks): the output so far stays
+    and is recomputed as if it were prompt, so the stream continues where it stopped.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    arrival_s: float
+    is_prefill_only: bool = False
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    num_preemptions: int = 0
+    # Output tokens that exist before this engine's first sample (P/D decode: the prefill instance's first token).
+    num_inherited_output_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]

@@ -1,0 +1,247 @@
+"""Prefill/decode disaggregation on the bus: how a request moves from a prefill instance P to a decode instance D.
+
+Messages (all `RunAssignment`, so the existing contracts carry them; see docs/lifecycle.md):
+
+1. dispatcher -> P's worker, `janus.worker.<P>.run`: phase="prefill", instance_id=P, kv_target=KVTarget naming
+   D (`decode_worker_id`, `decode_instance_id`) and left *unresolved* (`transfer_session=""`, no offsets).
+2. P's worker -> D's worker, request/reply on `janus.worker.<D>.run`: phase="decode", instance_id=D,
+   kv_target=None: "reserve KV blocks for this prompt". D answers with the resolved `KVTarget` (its transfer
+   session, the global offsets of the blocks it reserved, the block size) or a typed error.
+3. P prefills (prefill-only), streams the first token (chunk seq 0) to the client and `PrefillDone` to the
+   dispatchers, writes the prompt's KV blocks into D's blocks (Mooncake write by global offset), releases its own.
+4. P's worker -> D's worker, request/reply: phase="decode", instance_id=D, kv_target=the resolved target, and the
+   request with the first token appended to `prompt_token_ids` (the contract has no field for it yet). D admits the
+   decode, acknowledges (echoing the target), and streams every later event (seq 1 on) itself, terminal included.
+
+Failures never lose a request: D cannot reserve -> P runs the request in full; the KV write or the hand-over is
+refused -> P continues the decode itself from its own KV; no answer to the hand-over -> the client gets a clear
+error (D may or may not have it; two streams must never interleave).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, RunAssignment, subjects
+from runtime.bus import BusError, Envelope
+
+from .core.streaming import RequestTrack, emissions_for, failure
+from .lifecycle.instance import ModelInstance, Reservation
+from .lifecycle.kv_transfer import write_kv_blocks
+
+if TYPE_CHECKING:
+    from .service import WorkerService
+
+log = logging.getLogger("janus.worker.pd")
+
+RESERVE_TIMEOUT_S = 2.0
+HANDOFF_TIMEOUT_S = 5.0
+RESERVATION_TTL_S = 120.0  # a reservation whose hand-over never came (the prefill worker died) is freed
+
+
+def is_unresolved(target: KVTarget) -> bool:
+    return not target.block_offsets_bytes
+
+
+class PrefillDecodeFlow:
+    def __init__(self, service: "WorkerService") -> None:
+        self.svc = service
+        self.num_handoffs = 0
+        self.num_local_fallbacks = 0
+        self.handoff_ms: list[float] = []  # first token -> decode admitted, per request (for the bench)
+
+    # ---- prefill side -----------------------------------------------------------------------------------------
+    async def start_prefill(self, run: RunAssignment, inst: ModelInstance, track: RequestTrack) -> None:
+        """Resolve the KV target (ask D to reserve), then queue the prefill; without a target, run it in full."""
+        req = run.request
+        target = run.kv_target
+        engine = inst.engine
+        if target is not None and is_unresolved(target) and hasattr(engine, "add_prefill_request"):
+            try:
+                target = await self.svc.bus.request(
+                    subjects.worker_run(target.decode_worker_id),
+                    RunAssignment(request=req, instance_id=target.decode_instance_id, phase="decode",
+                                  dispatched_unix_ms=_now_ms(), dispatcher_id=run.dispatcher_id),
+                    KVTarget, timeout_s=RESERVE_TIMEOUT_S)
+            except BusError as exc:
+                log.warning("%s: decode instance %s cannot take %s (%s): running it in full", self.svc.worker_id,
+                            target.decode_instance_id, req.request_id, exc.error.message)
+                target = None
+            if track.is_finished:  # handed back (a drain) while we waited: D's reservation expires or is reused
+                return
+        if target is None or not hasattr(engine, "add_prefill_request"):
+            engine.add_request(req.request_id, list(req.prompt_token_ids), req.sampling)
+            return
+        track.extra.update(phase="prefill", target=target, request=req)
+        engine.add_prefill_request(req.request_id, list(req.prompt_token_ids), req.sampling)
+
+    async def on_prefill_output(self, track: RequestTrack, out: Any, now_ms: float) -> None:
+        """The prefill's one output: first token to the client, then the KV and the request go to D. A request
+        that ended at its first token (max_tokens 1, a stop token or string) ends here, and D forgets its blocks."""
+        if out.is_finished:
+            emission = emissions_for(track, out, worker_id=self.svc.worker_id, now_unix_ms=now_ms)
+            if emission.prefill_done is not None:
+                await self.svc.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+            await self.svc.send(track, emission.to_client)
+            # "whoever holds the request stops work on it": D holds a reservation; the dispatchers are done with it
+            await self.svc.bus.publish(subjects.CANCEL, CancelRequest(request_id=track.request_id,
+                                                                      reason="ended at its first token"),
+                                       propagate=False)
+            return
+        first = dataclasses.replace(out, is_finished=False, finish_reason=None)
+        emission = emissions_for(track, first, worker_id=self.svc.worker_id, now_unix_ms=now_ms)
+        if emission.prefill_done is not None:
+            await self.svc.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+        await self.svc.send(track, emission.to_client)
+        track.extra["phase"] = "handoff"
+        asyncio.create_task(self._hand_off(track, out))
+
+    async def _hand_off(self, track: RequestTrack, out: Any) -> None:
+        """Write the KV into D's blocks, hand the request over, and only then let go of our own blocks: until D
+        says yes, this instance can still finish the request itself."""
+        svc = self.svc
+        inst = svc.instance_of(track)
+        target: KVTarget = track.extra["target"]
+        req = track.extra["request"]
+        engine = inst.engine
+        rid = track.request_id
+        first_token = out.token_ids[-1]
+        started = time.perf_counter()
+        if track.is_cancelled:
+            engine.release_kv_blocks(rid)
+            await svc.send(track, [failure(track, ErrorInfo(code=ErrorCode.CANCELLED, message="cancelled"))])
+            return
+        try:
+            await asyncio.to_thread(write_kv_blocks, svc.pages, engine, out.kv_block_ids, target, svc.transfer,
+                                    is_local=target.decode_worker_id == svc.worker_id)
+        except Exception as exc:  # noqa: BLE001 - keep the request here instead
+            log.warning("%s: KV write for %s failed: %s", svc.worker_id, rid, exc)
+            await self._continue_here(track, out, engine, req, first_token)
+            return
+        handoff = RunAssignment(
+            request=req.model_copy(update={"prompt_token_ids": (*req.prompt_token_ids, first_token)}),
+            instance_id=target.decode_instance_id, phase="decode", kv_target=target,
+            dispatched_unix_ms=track.first_token_unix_ms or _now_ms())
+        try:
+            await svc.bus.request(subjects.worker_run(target.decode_worker_id), handoff, KVTarget,
+                                  timeout_s=HANDOFF_TIMEOUT_S)
+        except BusError as exc:
+            if exc.error.code == ErrorCode.TIMEOUT:  # D may have taken it: two streams must never interleave
+                engine.release_kv_blocks(rid)
+                await svc.send(track, [failure(track, ErrorInfo(
+                    code=ErrorCode.INSTANCE_FAILED, retryable=False,
+                    message=f"decode instance {target.decode_instance_id} did not answer the hand-over"))])
+                return
+            log.warning("%s: hand-over of %s refused (%s): decoding here", svc.worker_id, rid, exc.error.message)
+            await self._continue_here(track, out, engine, req, first_token)
+            return
+        engine.release_kv_blocks(rid)
+        self.num_handoffs += 1
+        self.handoff_ms.append((time.perf_counter() - started) * 1e3)
+        del self.handoff_ms[:-4096]
+        track.is_finished = True  # D streams the rest; this worker is done with it
+        await svc.send(track, [])
+
+    async def _continue_here(self, track: RequestTrack, out: Any, engine: Any, req: Any, first_token: int) -> None:
+        """The KV could not go to D: decode on this instance from its own held blocks."""
+        self.num_local_fallbacks += 1
+        rid = track.request_id
+        try:
+            data = await asyncio.to_thread(engine.read_kv_blocks, out.kv_block_ids)
+            engine.release_kv_blocks(rid)
+            blocks = engine.reserve_kv_blocks(rid, len(req.prompt_token_ids))
+            if blocks is None:
+                raise RuntimeError("no KV blocks left here")
+            await asyncio.to_thread(engine.write_kv_blocks, blocks, data)
+            engine.add_decode_request(rid, list(req.prompt_token_ids), first_token, req.sampling, blocks)
+        except Exception as exc:  # noqa: BLE001
+            await self.svc.send(track, [failure(track, ErrorInfo(
+                code=ErrorCode.INSTANCE_FAILED, message=f"prefill done but the decode could not start: {exc}"))])
+            return
+        track.extra["phase"] = "decode"
+        self.svc.wake_engines()
+
+    # ---- decode side ------------------------------------------------------------------------------------------
+    async def serve_decode(self, run: RunAssignment, env: Envelope, inst: ModelInstance | None) -> None:
+        """A reservation request (no kv_target) or a hand-over (kv_target set); answers on env.reply."""
+        req = run.request
+        if inst is None or inst.engine is None or not hasattr(inst.engine, "reserve_kv_blocks"):
+            raise BusError.of(ErrorCode.NO_INSTANCE, f"{run.instance_id} cannot decode on {self.svc.worker_id}",
+                              retryable=True)
+        if run.kv_target is None:
+            target = self._reserve(run, inst)
+        else:
+            target = self._admit(run, inst)
+        if env.reply:
+            await self.svc.bus.publish(env.reply, target, propagate=False)
+
+    def _reserve(self, run: RunAssignment, inst: ModelInstance) -> KVTarget:
+        req = run.request
+        if not inst.is_ready:
+            raise BusError.of(ErrorCode.NO_INSTANCE, f"{inst.instance_id} is {inst.state.value}", retryable=True)
+        engine = inst.engine
+        earlier = inst.reservations.get(req.request_id)
+        if earlier is not None and earlier.num_prompt_tokens == req.num_prompt_tokens:
+            earlier.created_monotonic_s = time.monotonic()
+            return earlier.target  # a re-dispatch after a hand-back: the blocks were never written, reuse them
+        try:
+            blocks = engine.reserve_kv_blocks(req.request_id, req.num_prompt_tokens)
+        except ValueError as exc:
+            raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        if blocks is None:
+            raise BusError.of(ErrorCode.OVERLOADED, f"{inst.instance_id} has no KV blocks for "
+                              f"{req.num_prompt_tokens} tokens now", retryable=True)
+        target = KVTarget(decode_worker_id=self.svc.worker_id, decode_instance_id=inst.instance_id,
+                          transfer_session=self.svc.transfer.session if self.svc.transfer else "",
+                          block_offsets_bytes=engine.kv_block_global_offsets(blocks),
+                          block_num_bytes=engine.kv_block_num_bytes)
+        inst.reservations[req.request_id] = Reservation(req.request_id, tuple(blocks), req.num_prompt_tokens, target,
+                                                        time.monotonic())
+        return target
+
+    def _admit(self, run: RunAssignment, inst: ModelInstance) -> KVTarget:
+        req = run.request
+        reservation = inst.reservations.get(req.request_id)
+        if reservation is None:
+            raise BusError.of(ErrorCode.INVALID_REQUEST, f"no KV reservation for {req.request_id} on "
+                              f"{inst.instance_id}")
+        tokens = req.prompt_token_ids
+        if len(tokens) != reservation.num_prompt_tokens + 1:
+            raise BusError.of(ErrorCode.INVALID_REQUEST, "a hand-over carries the prompt and the first token")
+        prompt, first_token = list(tokens[:-1]), tokens[-1]
+        try:
+            inst.engine.add_decode_request(req.request_id, prompt, first_token, req.sampling,
+                                           list(reservation.block_ids))
+        except ValueError as exc:
+            raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        del inst.reservations[req.request_id]
+        track = RequestTrack(request_id=req.request_id, model=req.model, instance_id=inst.instance_id,
+                             reply_subject=req.reply_subject, num_prompt_tokens=len(prompt),
+                             started_unix_ms=_now_ms(), want_logprobs=req.sampling.logprobs,
+                             next_seq=1, num_output_tokens=1, first_token_unix_ms=run.dispatched_unix_ms)
+        track.extra["phase"] = "decode"
+        self.svc.track(inst, track)
+        self.svc.wake_engines()
+        return reservation.target
+
+    def release_reservation(self, inst: ModelInstance, request_id: str) -> bool:
+        if inst.reservations.pop(request_id, None) is None:
+            return False
+        if inst.engine is not None:
+            inst.engine.abort(request_id)  # frees a reservation the hand-over never used
+            self.svc.wake_engines()
+        return True
+
+    def expire_reservations(self, inst: ModelInstance, now_monotonic_s: float, ttl_s: float = RESERVATION_TTL_S) -> int:
+        stale = [rid for rid, r in inst.reservations.items() if now_monotonic_s - r.created_monotonic_s > ttl_s]
+        for rid in stale:
+            log.warning("%s: reservation of %s expired without a hand-over", self.svc.worker_id, rid)
+            self.release_reservation(inst, rid)
+        return len(stale)
+
+
+def _now_ms() -> float:
+    return time.time() * 1e3
