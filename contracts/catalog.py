@@ -12,7 +12,7 @@ from .oracle import CapacityQuery, CapacityReply, ElasticityQuery, ElasticityRep
 from .plans import ElasticPlan, PlanAction, PlanStatus, SteadyPlan
 from .registry import InstanceRecord
 from .requests import CancelRequest, GenerateRequest, SubmitAck
-from .stream import StreamEvent
+from .stream import ResendReply, ResendRequest, StreamEvent
 from .telemetry import ModelLoadWindow
 from .worker import PrefillDone, RunAssignment, WorkerHeartbeat
 
@@ -31,6 +31,7 @@ ROUTES: tuple[Route, ...] = (
     Route(s.CANCEL, "gateway", "dispatchers, workers", CancelRequest),
     Route(f"{s.PREFIX}.worker.<worker>.run", "dispatcher", "worker", RunAssignment),
     Route(f"{s.REPLY_PREFIX}.<gateway>.<request>", "worker", "gateway", StreamEvent),
+    Route(f"{s.PREFIX}.worker.<worker>.resend", "gateway", "worker", ResendRequest, ResendReply),
     Route(s.PREFILL_DONE, "worker", "dispatchers", PrefillDone),
     Route(f"{s.PREFIX}.telemetry.worker.<worker>", "worker", "all", WorkerHeartbeat),
     Route(f"{s.PREFIX}.telemetry.dispatcher.<dispatcher>", "dispatcher", "gateways", DispatcherHeartbeat),

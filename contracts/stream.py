@@ -16,6 +16,7 @@ class TokenChunk(Message):
     text: str = Field(description="the text these tokens add, detokenised incrementally")
     logprobs: tuple[float, ...] | None = None
     emitted_unix_ms: float
+    worker_id: str = Field(default="", description="who streamed it: where to ask for a resend (P/D changes it)")
 
 
 class RequestDone(Message):
@@ -40,3 +41,17 @@ class RequestFailed(Message):
 
 StreamEvent = Annotated[Union[TokenChunk, RequestDone, RequestFailed], Field(discriminator="kind")]
 STREAM_EVENT = TypeAdapter(StreamEvent)
+
+
+class ResendRequest(Message):
+    """janus.worker.<worker>.resend (request/reply): the gateway lost events of a stream (NATS core is at-most-once,
+    and a bus failover can drop a message in flight) and asks the worker that streamed them again."""
+
+    request_id: str
+    from_seq: int = Field(ge=0)
+
+
+class ResendReply(Message):
+    request_id: str
+    is_known: bool = Field(description="false: the worker never had it or has forgotten it (the stream is lost)")
+    events: tuple[StreamEvent, ...] = Field(default=(), description="every event from from_seq on, in order")

@@ -80,6 +80,10 @@ def worker_cmd(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.cmd"
 
 
+def worker_resend(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{token(worker_id)}.resend"
+
+
 def worker_telemetry(worker_id: str) -> str:
     return f"{PREFIX}.telemetry.worker.{token(worker_id)}"
 

@@ -16,9 +16,14 @@ class KVTarget(Message):
 
     decode_worker_id: str
     decode_instance_id: str
-    transfer_session: str
-    block_offsets_bytes: tuple[int, ...]
-    block_num_bytes: int = Field(gt=0)
+    # unresolved (as the dispatcher sends it) until the decode worker reserved blocks and answered with these
+    transfer_session: str = ""
+    block_offsets_bytes: tuple[int, ...] = ()
+    block_num_bytes: int = Field(default=0, ge=0)
+
+    @property
+    def is_resolved(self) -> bool:
+        return bool(self.transfer_session and self.block_offsets_bytes and self.block_num_bytes)
 
 
 class RunAssignment(Message):

@@ -20,6 +20,7 @@ from contracts import (
     ErrorInfo,
     GenerateRequest,
     InstanceRecord,
+    KVTarget,
     ModelState,
     PrefillDone,
     RequestFailed,
@@ -242,8 +243,16 @@ class DispatcherService(Service):
             return
         req = req.model_copy(update={"attempt": a.attempt, "is_late": a.is_late})
         self._requests[a.request_id] = req
-        run = RunAssignment(request=req, instance_id=a.instance_id, predicted_prefill_ms=a.predicted_prefill_ms,
-                            dispatched_unix_ms=now_ms(), dispatcher_id=self.instance)
+        if a.decode_instance_id is not None and a.decode_worker_id is not None:
+            # prefill/decode disaggregated: the prefill worker reserves blocks on the decode instance, writes the KV
+            # cache there and hands the request over (docs/lifecycle.md); the target is resolved by the workers
+            target = KVTarget(decode_worker_id=a.decode_worker_id, decode_instance_id=a.decode_instance_id)
+            run = RunAssignment(request=req, instance_id=a.instance_id, phase="prefill", kv_target=target,
+                                predicted_prefill_ms=a.predicted_prefill_ms, dispatched_unix_ms=now_ms(),
+                                dispatcher_id=self.instance)
+        else:
+            run = RunAssignment(request=req, instance_id=a.instance_id, predicted_prefill_ms=a.predicted_prefill_ms,
+                                dispatched_unix_ms=now_ms(), dispatcher_id=self.instance)
         ctx = tracing.context_from_traceparent(req.traceparent)
         with self._tracer.start_as_current_span("dispatcher assign", context=ctx, kind=SpanKind.PRODUCER) as span:
             span.set_attribute("janus.instance_id", a.instance_id)

@@ -33,8 +33,9 @@ from runtime.bus import Bus, BusError, Envelope
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
-from .core import ModelProfile, Oracle, OraclePolicy, TrainingSet, UnknownModelError
+from .core import ModelProfile, OraclePolicy, TrainingSet, UnknownModelError
 from .core.refit import BackgroundRefitter
+from .gp import gp_oracle
 from .roofline import Efficiency, RooflineModel
 from .specs import DeviceSpec, ModelShape, calibrate_cpu, h200
 
@@ -55,7 +56,7 @@ class OracleService(Service):
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
         super().__init__(settings, cluster)
-        self.oracle = Oracle(policy=_policy_from(cluster.oracle))
+        self.oracle = gp_oracle(policy=_policy_from(cluster.oracle))
         self.refitter: BackgroundRefitter | None = None
         self._replicas: dict[str, dict[str, int]] = {}  # worker -> model -> serving instances
         self.num_queries = 0

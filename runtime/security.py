@@ -27,15 +27,16 @@ class Permissions:
 
 SERVICE_PERMISSIONS: dict[str, Permissions] = {
     "gateway": Permissions(  # reads telemetry, lifecycle events and plans for its read-only status page
-        publish=("janus.req.*", "janus.cancel", JS_API, INBOX),
+        publish=("janus.req.*", "janus.cancel", "janus.worker.*.resend", JS_API, INBOX),
         subscribe=("janus.reply.>", "janus.telemetry.>", "janus.plan.>", "janus.event.lifecycle", INBOX, HEALTH)),
     "dispatcher": Permissions(
         publish=("janus.worker.*.run", "janus.reply.>", "janus.telemetry.model.*", "janus.telemetry.dispatcher.*",
                  JS_API, INBOX),
         subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "worker": Permissions(
+        # janus.worker.*.run: a prefill worker reserves KV blocks on, and hands requests over to, a decode worker
         publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
-                 "janus.worker.*.kv", KV_INSTANCES, JS_API, INBOX),
+                 "janus.worker.*.run", KV_INSTANCES, JS_API, INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "oracle": Permissions(
         publish=(INBOX,),

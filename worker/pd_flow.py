@@ -167,7 +167,6 @@ class PrefillDecodeFlow:
     # ---- decode side ------------------------------------------------------------------------------------------
     async def serve_decode(self, run: RunAssignment, env: Envelope, inst: ModelInstance | None) -> None:
         """A reservation request (no kv_target) or a hand-over (kv_target set); answers on env.reply."""
-        req = run.request
         if inst is None or inst.engine is None or not hasattr(inst.engine, "reserve_kv_blocks"):
             raise BusError.of(ErrorCode.NO_INSTANCE, f"{run.instance_id} cannot decode on {self.svc.worker_id}",
                               retryable=True)

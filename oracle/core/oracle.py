@@ -284,6 +284,13 @@ class Oracle:
                         due.append(key)  # type: ignore[arg-type]
         return due
 
+    @staticmethod
+    def _require(trainer: Callable | None, kind: str) -> Callable:
+        """The core stays free of torch: GP training is injected (oracle.gp.gp_oracle wires gpytorch in)."""
+        if trainer is None:
+            raise RuntimeError(f"no {kind} trainer: build the oracle with oracle.gp.gp_oracle(...) or pass one")
+        return trainer
+
     def refit(self, model: str, kind: Kind, now_s: float) -> str:
         """Train on a snapshot of the model's samples (outside any lock) and swap the result in. Returns the new
         version. Runs for seconds: call it from a background thread (BackgroundRefitter) in a service."""
@@ -293,11 +300,11 @@ class Oracle:
         if len(samples) < 3:
             raise ValueError(f"{model}: {len(samples)} {kind} samples, a GP needs at least 3")
         if kind == "capacity":
-            trainer = self._capacity_trainer or _default_trainer("capacity")
+            trainer = self._require(self._capacity_trainer, "capacity")
             predictor = trainer(samples, self.policy)
             self.install(model, capacity=predictor)
         else:
-            trainer = self._elasticity_trainer or _default_trainer("elasticity")
+            trainer = self._require(self._elasticity_trainer, "elasticity")
             predictor = trainer(samples, self.policy)
             self.install(model, elasticity=predictor)
         with self._lock:
@@ -320,7 +327,3 @@ def _trim(samples: list, max_len: int) -> None:
         del samples[i]
 
 
-def _default_trainer(kind: Kind) -> Callable:
-    from oracle import gp  # torch and gpytorch: only when a refit actually runs
-
-    return gp.fit_capacity if kind == "capacity" else gp.fit_elasticity

@@ -14,6 +14,7 @@ FORBIDDEN_PUBLISH = [
     ("worker", "janus.plan.steady"),
     ("worker", "janus.plan.elastic"),
     ("worker", "janus.worker.other.cmd"),
+    ("worker", "janus.req.demo"),
     ("gateway", "janus.worker.w1.cmd"),
     ("gateway", "janus.worker.w1.run"),
     ("gateway", "janus.plan.steady"),

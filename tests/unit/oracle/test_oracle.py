@@ -11,6 +11,7 @@ from contracts import (CapacityItem, CapacityQuery, ElasticityItem, ElasticityQu
 from oracle.core import Oracle, OraclePolicy, TrainingSet, UnknownModelError
 from oracle.core.dataset import ElasticitySample
 from oracle.core.refit import BackgroundRefitter
+from oracle.gp import gp_oracle
 
 FAST = OraclePolicy(num_train_iters=20, refit_min_new_samples=5, refit_min_interval_s=10.0, max_grid_replicas=16)
 
@@ -22,7 +23,7 @@ def feats(rate_tps, input_mean=400.0, output_mean=150.0):
 
 @pytest.fixture(scope="module")
 def fitted(profile, training_set):
-    oracle = Oracle({"qwen": profile}, policy=FAST)
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
     oracle.add_training_set(training_set)
     oracle.refit("qwen", "capacity", now_s=0.0)
     oracle.refit("qwen", "elasticity", now_s=0.0)
@@ -98,7 +99,7 @@ def window(model, rate_tps, num_requests=10, ttft_attainment=0.9):
 
 
 def test_observe_keeps_windows_with_something_to_learn(profile):
-    oracle = Oracle({"qwen": profile}, policy=FAST)
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
     assert not oracle.observe(window("qwen", 1000.0, num_requests=0), 2)
     assert not oracle.observe(window("qwen", 1000.0, ttft_attainment=None), 2)
     assert oracle.observe(window("qwen", 1000.0), 2)
@@ -110,7 +111,7 @@ def test_observe_keeps_windows_with_something_to_learn(profile):
 
 
 def test_refits_are_due_after_enough_new_samples_and_time(profile):
-    oracle = Oracle({"qwen": profile}, policy=FAST)
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
     for i in range(4):
         oracle.observe(window("qwen", 1000.0 * (i + 1)), 1)
     assert oracle.due_for_refit(0.0) == []
@@ -125,7 +126,7 @@ def test_refits_are_due_after_enough_new_samples_and_time(profile):
 
 
 def test_background_refit_swaps_models_without_blocking_predictions(profile, training_set):
-    oracle = Oracle({"qwen": profile}, policy=FAST)
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
     clock = {"now": 100.0}
     refitted = threading.Event()
     refitter = BackgroundRefitter(oracle, clock=lambda: clock["now"], poll_s=0.05,
@@ -136,7 +137,7 @@ def test_background_refit_swaps_models_without_blocking_predictions(profile, tra
         assert oracle.elasticity(query).predictions[0].source == "roofline"
         oracle.add_samples("qwen", elasticity=training_set.elasticity)
         refitter.wake()
-        sources, latencies_ok = set(), True
+        sources = set()
         deadline = time.monotonic() + 60.0
         while not refitted.is_set() and time.monotonic() < deadline:
             sources.add(oracle.elasticity(query).predictions[0].source)  # answered while the fit runs
