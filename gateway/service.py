@@ -23,6 +23,8 @@ from contracts import (
     ErrorInfo,
     GenerateRequest,
     RequestFailed,
+    ResendReply,
+    ResendRequest,
     SubmitAck,
     TokenChunk,
     subjects,
@@ -38,6 +40,7 @@ from .app import Event, create_app
 from .core.admission import ServedModel
 from .core.limits import TenantLimiter
 from .metrics import IN_FLIGHT, observe_request
+from .core.recovery import StreamRecovery, resend_due
 from .core.stream import StreamAssembler
 
 log = logging.getLogger("janus.gateway")
@@ -46,8 +49,6 @@ log = logging.getLogger("janus.gateway")
 DISPATCHER_TIMEOUT_S = 2.0
 DISPATCHER_CHECK_PERIOD_S = 0.25
 MAX_NUM_SUBMISSIONS = 3
-# tokens waiting this long behind a missing one: the missing one is gone (ends the request with a clear error)
-STREAM_GAP_TIMEOUT_S = 3.0
 _RESUBMIT = object()
 
 
@@ -90,6 +91,7 @@ class _Pending:
     is_resubmitting: bool = False
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     assembler: StreamAssembler = field(default_factory=StreamAssembler)
+    recovery: StreamRecovery = field(default_factory=StreamRecovery)
 
 
 class _Server(uvicorn.Server):
@@ -223,30 +225,65 @@ class GatewayService(Service):
     async def _on_dispatcher_heartbeat(self, beat: DispatcherHeartbeat, env: Envelope) -> None:
         self._dispatcher_seen_s[beat.dispatcher_id] = time.monotonic()
 
-    async def _watch_dispatchers(self) -> None:
+    async def _watchdog(self) -> None:
+        """Every 0.25 s: resubmit what a silent dispatcher held; recover lost stream events from their worker."""
         while True:
             await asyncio.sleep(DISPATCHER_CHECK_PERIOD_S)
             now_s = time.monotonic()
             for pending in list(self._pending.values()):
-                if pending.assembler.gap_age_s(now_s) > STREAM_GAP_TIMEOUT_S and not pending.assembler.is_terminal:
-                    err = ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
-                                    message="the token stream lost a message in a bus failover")
-                    for ready in pending.assembler.push(RequestFailed(request_id=pending.attempt_id, seq=0,
-                                                                      error=err)):
-                        pending.queue.put_nowait(ready)
+                if pending.assembler.is_terminal:
+                    continue
                 seen = self._dispatcher_seen_s.get(pending.dispatcher_id)
                 if (seen is not None and not pending.has_first_event and not pending.is_resubmitting
                         and now_s - seen > DISPATCHER_TIMEOUT_S):
                     pending.is_resubmitting = True
                     pending.queue.put_nowait(_RESUBMIT)
+                if resend_due(pending.recovery, now_s, gap_age_s=pending.assembler.gap_age_s(now_s)):
+                    pending.recovery.start(now_s)
+                    asyncio.create_task(self._recover(pending))
+
+    async def _recover(self, pending: "_Pending") -> None:
+        """Ask the worker that streamed the request for everything from the next expected event (a bus failover can
+        drop messages in flight: NATS core is at-most-once). Ends the request only when the worker no longer
+        knows it, or cannot be reached several times in a row."""
+        attempt_id = pending.attempt_id
+        ask = ResendRequest(request_id=attempt_id, from_seq=pending.assembler.next_seq)
+        try:
+            reply = await self.bus.request(subjects.worker_resend(pending.recovery.worker_id), ask, ResendReply,
+                                           timeout_s=2.0)
+        except BusError as exc:
+            if pending.recovery.fail(time.monotonic()):
+                self._end(pending, ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
+                                             message=f"the token stream broke off: {exc.error.message}"))
+            return
+        pending.recovery.succeed(time.monotonic())
+        if pending.attempt_id != attempt_id:
+            return
+        if not reply.is_known:
+            self._end(pending, ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
+                                         message="the token stream was lost (its worker no longer has it)"))
+            return
+        for event in reply.events:
+            self._deliver(pending, event)
+
+    def _end(self, pending: "_Pending", error: ErrorInfo) -> None:
+        for ready in pending.assembler.push(RequestFailed(request_id=pending.attempt_id, seq=0, error=error)):
+            pending.queue.put_nowait(ready)
+
+    def _deliver(self, pending: "_Pending", event: Event) -> None:
+        now_s = time.monotonic()
+        if isinstance(event, TokenChunk) and event.worker_id:
+            pending.recovery.worker_id = event.worker_id
+        pending.recovery.last_event_s = now_s
+        for ready in pending.assembler.push(event):
+            pending.queue.put_nowait(ready)
+        pending.assembler.note_time(now_s)
 
     async def _on_reply(self, event: Event, env: Envelope) -> None:
         pending = self._pending.get(event.request_id)
         if pending is None or pending.attempt_id != event.request_id:
             return  # late events of a request already ended (cancelled, timed out, or submitted again)
-        for ready in pending.assembler.push(event):
-            pending.queue.put_nowait(ready)
-        pending.assembler.note_time(time.monotonic())
+        self._deliver(pending, event)
 
     def start_metrics(self) -> None:
         """The gateway serves /metrics on its own HTTP port."""
@@ -267,7 +304,7 @@ class GatewayService(Service):
         await bus.subscribe(subjects.reply_wildcard(self.gateway_id), STREAM_EVENT, self._on_reply, traced=False)
         await bus.subscribe(subjects.DISPATCHER_TELEMETRY_WILDCARD, DispatcherHeartbeat,
                             self._on_dispatcher_heartbeat, traced=False)
-        self._watchdog = asyncio.create_task(self._watch_dispatchers())
+        self._watchdog_task = asyncio.create_task(self._watchdog())
         await self.view.attach(bus)  # for the read-only status page
         gw = self.cluster.gateway
         # no access log: it would hold request lines and, behind proxies, keys; metrics and traces cover it
@@ -294,8 +331,8 @@ class GatewayService(Service):
 
     async def stop(self) -> None:
         """Stop accepting connections; streams in flight finish (uvicorn waits for them)."""
-        if getattr(self, "_watchdog", None) is not None:
-            self._watchdog.cancel()
+        if getattr(self, "_watchdog_task", None) is not None:
+            self._watchdog_task.cancel()
         await self.view.detach()
         if self._server is not None:
             self._server.should_exit = True
