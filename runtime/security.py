@@ -36,7 +36,7 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     "worker": Permissions(
         # janus.worker.*.run: a prefill worker reserves KV blocks on, and hands requests over to, a decode worker
         publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
-                 "janus.worker.*.run", KV_INSTANCES, JS_API, INBOX),
+                 "janus.worker.*.run", "janus.worker.*.resend", KV_INSTANCES, JS_API, INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "oracle": Permissions(
         publish=(INBOX,),

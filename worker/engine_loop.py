@@ -13,10 +13,12 @@ log = logging.getLogger("janus.worker.loop")
 
 OutputSink = Callable[[str, list[Any]], None]
 FailureSink = Callable[[str, BaseException], None]
+BetweenSteps = Callable[[str, Any], None]  # (instance id, engine): maintenance after the engine's turn
 
 
 class EngineLoop:
-    def __init__(self, on_outputs: OutputSink, on_failure: FailureSink, *, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, on_outputs: OutputSink, on_failure: FailureSink, *, idle_wait_s: float = 0.05,
+                 between_steps: BetweenSteps | None = None) -> None:
         self._engines: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -24,6 +26,7 @@ class EngineLoop:
         self._on_outputs = on_outputs
         self._on_failure = on_failure
         self._idle_wait_s = idle_wait_s
+        self._between_steps = between_steps
         self._thread: threading.Thread | None = None
         self.num_steps = 0
 
@@ -60,18 +63,19 @@ class EngineLoop:
             did_work = False
             for instance_id, engine in engines:
                 try:
-                    if not engine.has_unfinished():
-                        continue
-                    outputs = engine.step()
+                    if engine.has_unfinished():
+                        outputs = engine.step()
+                        did_work = True
+                        self.num_steps += 1
+                        if outputs:
+                            self._on_outputs(instance_id, outputs)
+                    # between two steps of this engine (also while it idles: its weights may still have to move)
+                    if self._between_steps is not None:
+                        self._between_steps(instance_id, engine)
                 except BaseException as exc:  # noqa: BLE001 - reported, the loop goes on for other engines
                     log.exception("engine of %s failed", instance_id)
                     self.remove(instance_id)
                     self._on_failure(instance_id, exc)
-                    continue
-                did_work = True
-                self.num_steps += 1
-                if outputs:
-                    self._on_outputs(instance_id, outputs)
             if not did_work:
                 self._wake.wait(self._idle_wait_s)
                 self._wake.clear()

@@ -143,6 +143,7 @@ class PrefillDecodeFlow:
         self.handoff_ms.append((time.perf_counter() - started) * 1e3)
         del self.handoff_ms[:-4096]
         track.is_finished = True  # D streams the rest; this worker is done with it
+        track.extra["handed_to"] = target.decode_worker_id  # resends of later events are D's to answer
         await svc.send(track, [])
 
     async def _continue_here(self, track: RequestTrack, out: Any, engine: Any, req: Any, first_token: int) -> None:

@@ -30,6 +30,7 @@ from contracts import (
     ModelState,
     Pool,
     PrefillDone,
+    ResendRequest,
     RunAssignment,
     WorkerHeartbeat,
     subjects,
@@ -41,7 +42,9 @@ from runtime.jetstream import ensure_kv
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
+from .compactor import Compactor
 from .core.lifecycle import drain_decision
+from .core.stream_log import StreamLog
 from .core.streaming import RequestTrack, emissions_for, failure
 from .engine_loop import EngineLoop
 from .heartbeat import build_heartbeat
@@ -50,6 +53,8 @@ from .lifecycle.controller import LifecycleController
 from .lifecycle.instance import ModelInstance
 from .lifecycle.parking import SteppedEngine
 from .pd_flow import PrefillDecodeFlow
+from .process_env import configure_worker_process
+from .resend import ResendServer
 
 log = logging.getLogger("janus.worker")
 
@@ -71,9 +76,13 @@ class WorkerService(Service):
         self.commands = CommandBook()
         self.pd = PrefillDecodeFlow(self)
         self._tracks: dict[str, RequestTrack] = {}
+        self.stream_log = StreamLog()  # what was streamed, for gateways that lost some of it (resend)
+        self.resends = ResendServer(self)
         self._outputs: asyncio.Queue = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._engine_loop = EngineLoop(self._from_engine_thread, self._engine_failed)
+        self.compactor: Compactor | None = None  # over the page pool, once it is open
+        self._engine_loop = EngineLoop(self._from_engine_thread, self._engine_failed,
+                                       between_steps=self._between_steps)
         self._stepped: dict[str, SteppedEngine] = {}
         self._kv = None
         self._tasks: list[asyncio.Task] = []
@@ -88,12 +97,17 @@ class WorkerService(Service):
     # --- start / stop ---
     async def start(self, bus: Bus) -> None:
         self._loop = asyncio.get_running_loop()
+        setup = configure_worker_process(self.device, self.settings.log_level,
+                                         uses_torch=self.cluster.workers.engine == "torch")
+        log.info("%s: torch threads %s, Mooncake logs at %s", self.worker_id, setup.num_torch_threads or "default",
+                 setup.mooncake_log_level)
         self._open_device()
         self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
         self._engine_loop.start()
         await bus.subscribe(subjects.worker_run(self.worker_id), RunAssignment, self._on_run)
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
         await bus.subscribe(subjects.worker_cmd(self.worker_id), LifecycleCommand, self._on_command)
+        await bus.serve(subjects.worker_resend(self.worker_id), ResendRequest, self.resends.answer)
         self._tasks.append(asyncio.create_task(self._publish_outputs()))
         # alive from the first moment: loading takes seconds, and a silent worker with records is a dead one
         self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
@@ -106,6 +120,7 @@ class WorkerService(Service):
         workers = self.cluster.workers
         config = XTensorConfig(page_size_bytes=workers.page_size_bytes)
         self.pages = XTensor.open(self.device, workers.pool_bytes, config)
+        self.compactor = Compactor(self.pages)
         try:
             from .transfer import MooncakeTransfer, TransferError
 
@@ -168,7 +183,7 @@ class WorkerService(Service):
         return ModelInstance(self.worker_id, cmd.model, cmd.instance_id, cmd.role, cmd.pool,
                              model_dir(spec, self.settings.models_dir), self.pages, self._build_engine)
 
-    def _build_engine(self, path: Path, owner: str):
+    def _build_engine(self, path: Path, owner: str, load_weights: bool = True):
         if self.cluster.workers.engine == "echo":
             from .echo_engine import EchoEngine
 
@@ -178,7 +193,7 @@ class WorkerService(Service):
         # the gateway validates against the same max_model_len (runtime.catalog), so they agree by construction
         config = EngineConfig(max_num_seqs=self.cluster.workers.max_num_seqs, max_model_len=max_model_len(path))
         return LLMEngine(path, device=self.device, config=config, kv_source=self.pages, weight_source=self.pages,
-                         owner=owner)
+                         owner=owner, load_weights=load_weights)
 
     async def _on_command(self, cmd: LifecycleCommand, env: Envelope) -> None:
         """Request/reply on janus.worker.<worker>.cmd; each command runs in its own task (one at a time per
@@ -224,9 +239,17 @@ class WorkerService(Service):
         await self._put_record(inst)
 
     def start_serving(self, inst: ModelInstance) -> None:
+        if self.compactor is not None:
+            self.compactor.reset(inst.owner)  # its segments were just recorded and are advertised
         stepped = SteppedEngine(inst.engine)
         self._stepped[inst.instance_id] = stepped
         self._engine_loop.add(inst.instance_id, stepped)
+
+    def _between_steps(self, instance_id: str, stepped: SteppedEngine) -> None:
+        """Engine-loop thread, after each turn of an instance's engine: compact its pages (bounded)."""
+        inst = self.residents.get(instance_id)
+        if inst is not None and self.compactor is not None:
+            stepped.between_steps(lambda engine: self.compactor.between_steps(inst, engine))
 
     def stop_serving(self, inst: ModelInstance) -> None:
         stepped = self._stepped.pop(inst.instance_id, None)
@@ -287,6 +310,7 @@ class WorkerService(Service):
     def track(self, inst: ModelInstance, track: RequestTrack) -> None:
         self._tracks[track.request_id] = track
         inst.in_flight[track.request_id] = track
+        self.stream_log.open(track.request_id, first_seq=track.next_seq)
 
     def wake_engines(self) -> None:
         self._engine_loop.wake()
@@ -370,12 +394,20 @@ class WorkerService(Service):
                 log.exception("%s: publishing outputs failed", self.worker_id)
 
     async def send(self, track: RequestTrack, events: list) -> None:
+        # logged before it leaves: a resend asked the moment after must find it
+        now_s = time.monotonic()
+        self.stream_log.record(track.request_id, events, now_s)
+        if track.is_finished:
+            handed_to = track.extra.get("handed_to", "")
+            if handed_to != self.worker_id:  # a decode instance here continues the same log
+                self.stream_log.finish(track.request_id, now_s, handed_to_worker_id=handed_to)
         for event in events:
             await self.bus.publish(track.reply_subject, event, propagate=False)
         if track.is_finished:
-            self._tracks.pop(track.request_id, None)
+            if self._tracks.get(track.request_id) is track:  # a local P/D decode track keeps its place
+                del self._tracks[track.request_id]
             inst = self.instance_of(track)
-            if inst is not None:
+            if inst is not None and inst.in_flight.get(track.request_id) is track:
                 inst.in_flight.pop(track.request_id, None)
             if track.span is not None:
                 track.span.set_attribute("janus.output_tokens", track.num_output_tokens)
@@ -384,6 +416,7 @@ class WorkerService(Service):
     async def _hand_back(self, track: RequestTrack) -> None:
         """Before the first token a request can still move: tell the dispatchers (PrefillDone ok=False)."""
         track.is_finished = True
+        self.stream_log.forget(track.request_id)  # it streams elsewhere: nothing here to resend
         done = PrefillDone(request_id=track.request_id, model=track.model, worker_id=self.worker_id,
                            instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens, prefill_ms=0.0,
                            first_token_unix_ms=self.now_unix_ms(), ok=False)
@@ -414,6 +447,7 @@ class WorkerService(Service):
             try:
                 for inst in list(self.residents.values()):
                     self.pd.expire_reservations(inst, time.monotonic())
+                self.stream_log.expire(time.monotonic())
                 if self._seq % RECORD_REFRESH_HEARTBEATS == 0:
                     for inst in list(self.residents.values()):
                         if inst.lock.locked():

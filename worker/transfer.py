@@ -11,7 +11,6 @@ CPU machines use `mooncake-transfer-engine-non-cuda` over TCP; GPU hosts the CUD
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Sequence
@@ -19,10 +18,9 @@ from typing import Sequence
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-log = logging.getLogger("janus.worker.transfer")
+from .process_env import quiet_mooncake_logs
 
-# Mooncake's own log lines (glog) flood test output at INFO; warnings and errors still show.
-os.environ.setdefault("GLOG_minloglevel", "1")
+log = logging.getLogger("janus.worker.transfer")
 
 
 class TransferError(RuntimeError):
@@ -63,6 +61,7 @@ class MooncakeTransfer:
     @classmethod
     def start(cls, settings: TransferSettings | None = None) -> "MooncakeTransfer":
         settings = settings or TransferSettings()
+        quiet_mooncake_logs()  # before the library loads: it reads its log level then (worker/process_env.py)
         try:
             from mooncake.engine import TransferEngine
         except ImportError as exc:

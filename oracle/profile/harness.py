@@ -65,11 +65,10 @@ class HarnessSettings:
 
 
 def step_probe(engine) -> tuple[int, int, int, int]:
-    """Prefill and decode tokens of the step just run, context tokens of the running batch, KV bytes held.
-    Token counts come from the engine's own step record (EngineMetrics); a public `last_step` on LLMEngine would
-    spare reading its private deque (asked for in docs/oracle.md)."""
-    steps = getattr(engine.metrics, "_steps", None)
-    _, _, num_prefill, num_decode = steps[-1] if steps else (0, 0, 0, 0)
+    """Prefill and decode tokens of the step just run (the engine's public `last_step`), context tokens of the
+    running batch, KV bytes held."""
+    last = engine.last_step
+    num_prefill, num_decode = (last.num_prefill_tokens, last.num_decode_tokens) if last is not None else (0, 0)
     context = sum(seq.num_computed_tokens for seq in engine.scheduler.running)
     kv_bytes = max(engine.block_manager.num_used_blocks - 1, 0) * engine.kv_block_num_bytes
     return int(num_prefill), int(num_decode), int(context), int(kv_bytes)

@@ -31,6 +31,8 @@ from contracts import (
     PrefillDone,
     RequestDone,
     RequestFailed,
+    ResendReply,
+    ResendRequest,
     RunAssignment,
     SamplingParams,
     SubmitAck,
@@ -303,8 +305,6 @@ async def test_pd_request_yields_exactly_the_tokens_of_one_instance(cluster, pre
     assert any(p.request_id == split.request_id and p.ok and p.instance_id == prefill[1] for p in obs.prefills)
 
 
-@pytest.mark.xfail(strict=True, reason="engine: the decode instance re-seeds a seeded request's generator instead of "
-                                        "continuing after the prefill's draw (worker/engine pd.add_decode_request)")
 async def test_pd_seeded_sampling_continues_the_same_random_stream(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
@@ -312,6 +312,25 @@ async def test_pd_seeded_sampling_continues_the_same_random_stream(cluster):
     (tokens_whole, _), (tokens_split, _), _, _ = await _whole_and_split(
         bus, obs, (A, INST_A), (B, INST_B), [11, 12], max_tokens=24, temperature=1.0, seed=7)
     assert tokens_split == tokens_whole
+
+
+async def test_pd_streams_are_resent_whole_by_the_prefill_worker(cluster):
+    """A gateway that lost every event of the decode side knows only the prefill worker (chunk 0 names it): asked
+    from seq 0, it answers its own chunk and fetches the rest from the decode worker. The decode worker answers for
+    what it streamed."""
+    bus, obs, _ = cluster
+    await _ensure_active(bus, obs, A, INST_A)
+    await _ensure_active(bus, obs, B, INST_B)
+    _, (tokens, end), _, split = await _whole_and_split(bus, obs, (A, INST_A), (B, INST_B), [21, 22, 23],
+                                                        max_tokens=9)
+    streamed = sorted(obs.streams[split.request_id], key=lambda e: e.seq)
+    assert isinstance(end, RequestDone) and [e.worker_id for e in streamed[:2]] == [A, B]
+    whole = await bus.request(subjects.worker_resend(A), ResendRequest(request_id=split.request_id, from_seq=0),
+                              ResendReply, timeout_s=5)
+    assert whole.is_known and list(whole.events) == streamed
+    decode_part = await bus.request(subjects.worker_resend(B), ResendRequest(request_id=split.request_id,
+                                                                             from_seq=0), ResendReply, timeout_s=5)
+    assert decode_part.is_known and list(decode_part.events) == streamed[1:]
 
 
 async def test_a_draining_decode_instance_honours_its_reservations_and_takes_no_new_ones(cluster):

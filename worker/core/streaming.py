@@ -66,7 +66,7 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                   first_token_unix_ms=now_unix_ms)
         track.num_output_tokens += len(out.token_ids)
         events.append(TokenChunk(request_id=track.request_id, seq=track.take_seq(), token_ids=tuple(out.token_ids),
-                                 text=out.text, emitted_unix_ms=now_unix_ms,
+                                 text=out.text, emitted_unix_ms=now_unix_ms, worker_id=worker_id,
                                  logprobs=tuple(out.logprobs) if track.want_logprobs and out.logprobs else None))
     if out.is_finished:
         track.is_finished = True

@@ -64,6 +64,9 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
 
     `kv_source` / `weight_source` are the `worker.memory` interfaces (xTensor on a worker); when None, plain
     pools stand behind the same interfaces. `owner` names this engine to those sources (default: a unique id).
+    `load_weights=False` builds the engine without reading the checkpoint: its weight region is taken from the
+    weight source but left unfilled (contents undefined) for the caller to fill (a fork's pull, a host copy) before
+    any step; `reference_canary` is then the canary it must reproduce, if known.
     P/D entry points: see `pd.PrefillDecodeMixin`; weight verification and `bind_weights`: `verify`.
     """
 
@@ -77,6 +80,8 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         kv_source=None,
         weight_source=None,
         owner: str | None = None,
+        load_weights: bool = True,
+        reference_canary: CanaryResult | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.config = config or EngineConfig()
@@ -96,7 +101,8 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         self.weight_buffer = self.weight_source.allocate_weights(
             self.owner, self.weight_layout.total_bytes, str(self.device)
         )
-        load_checkpoint(self.model_dir, self.weight_layout, self.weight_buffer)
+        if load_weights:
+            load_checkpoint(self.model_dir, self.weight_layout, self.weight_buffer)
         rope = RotaryEmbedding(mc, self._max_model_len, self.dtype, self.device)
         self.model = CausalLM(mc, self.weight_layout.bind(self.weight_buffer), rope)
 
@@ -156,7 +162,9 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         self.last_logits: dict[str, torch.Tensor] = {}  # filled when config.keep_logits
         self.num_preemptions = 0
         self.last_step: StepRecord | None = None
-        self.reference_canary: CanaryResult = self.canary()
+        # The canary a restored or forked copy must reproduce: taken from the checkpoint just read, or handed in
+        # (e.g. the source replica's) when the weights come later; None until `record_reference_canary`.
+        self.reference_canary: CanaryResult | None = self.canary() if load_weights else reference_canary
 
     # ---- properties ---------------------------------------------------------------------------------------
     @property
@@ -195,6 +203,7 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
             batch = self.scheduler.schedule()
             self.num_preemptions += len(batch.preempted)
         if batch.is_empty:
+            self.last_step = StepRecord(0, 0, 0, 0.0)  # a step that computed nothing says so (profilers read it)
             return outputs
         started = time.monotonic()
         with torch.inference_mode(), self._stream_context():
@@ -282,7 +291,8 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
             IncrementalDetokenizer(self._tokenizer, context_token_ids=context[-8:]),
             StopStringMatcher(seq.sampling.stop),
         )
-        self.sampler.add_request(seq.request_id, seq.sampling)
+        self.sampler.add_request(seq.request_id, seq.sampling, self.model_config.vocab_size,
+                                 num_drawn_elsewhere=seq.num_inherited_output_tokens)
 
     def _drain_inbox(self, now: float) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []

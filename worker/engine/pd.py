@@ -19,6 +19,7 @@ stop string, and D, fed the same first token, holds back the same tail and emits
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Sequence as Seq
 
 import torch
@@ -104,6 +105,8 @@ class PrefillDecodeMixin:
         self._inbox.append(("add_decode", seq))
 
     def _admit_decode(self, seq: Sequence) -> list[EngineOutput]:
+        """Start decoding a handed-over request, or end it here when its inherited first token already ends it
+        (max_tokens 1, a stop token or string, max_model_len): then it never enters the scheduler."""
         seq.arrival_s = time.monotonic()
         self._register(seq)
         first = seq.token_ids[-1]
@@ -116,11 +119,33 @@ class PrefillDecodeMixin:
             reason = "stop"
         elif seq.sampling.max_tokens <= 1 or seq.num_tokens >= self.max_model_len:
             reason = "length"
-        if reason is not None:
-            self._finish(seq)
-            return [self._output(seq, (), "", None, reason)]
-        self.scheduler.add(seq)
-        return []
+        if reason is None:
+            self.scheduler.add(seq)
+            return []
+        text = ""
+        if reason == "length":
+            # the prefill instance held back a tail that might have started a stop string; it ends here, so it
+            # is text after all (as on a single instance, which flushes at the last token)
+            text = stream.stop.push(stream.detokenizer.flush()) + stream.stop.flush()
+            if stream.stop.is_stopped:
+                reason = "stop"
+        self._finish(seq)
+        return [self._output(seq, (), text, None, reason)]
+
+    # ---- KV pages leaving the engine's hands ---------------------------------------------------------------
+    def is_kv_exported(self) -> bool:
+        """True while blocks of this engine may be written or read by global offset from outside its steps:
+        reserved for a decode another instance prefills, or held after a prefill for transfer. Their pages must
+        not move (compaction) meanwhile. Ask under `kv_layout_lock`."""
+        with self._lock:
+            return bool(self._reserved or self._held)
+
+    @contextmanager
+    def kv_layout_lock(self):
+        """Hold while moving this engine's KV pages between steps: no reservation (whose global offsets would be
+        handed out) can be made meanwhile. The step holds it only outside the forward pass."""
+        with self._lock:
+            yield
 
     # ---- raw KV access ------------------------------------------------------------------------------------
     def _check_transferable(self, block_ids: Seq[int]) -> list[int]:

@@ -21,11 +21,25 @@ class Sampler:
         self._shared_generator.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
 
-    def add_request(self, request_id: str, sampling: SamplingParams) -> None:
-        if sampling.seed is not None and sampling.temperature > 0:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed)
-            self._generators[request_id] = generator
+    def add_request(self, request_id: str, sampling: SamplingParams, vocab_size: int = 0,
+                    num_drawn_elsewhere: int = 0) -> None:
+        """Give a seeded request its own generator. `num_drawn_elsewhere`: tokens of this request another instance
+        already sampled from the same seed (P/D: the prefill instance's first token); the generator is advanced past
+        those draws, so the stream continues exactly as on a single instance. Needs `vocab_size` then."""
+        if sampling.seed is None or _is_greedy(sampling):
+            return
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(sampling.seed)
+        if num_drawn_elsewhere:
+            if vocab_size <= 0:
+                raise ValueError("advancing a seeded generator needs the vocabulary size")
+            # A draw's consumption of the generator depends only on the row's shape, dtype and device (torch draws
+            # one exponential per entry and takes argmax(p / q)), so replaying a draw over a dummy row of the
+            # same [vocab] float32 shape leaves the generator exactly where the other instance's draw left its own.
+            dummy = torch.ones(vocab_size, dtype=torch.float32, device=self.device)
+            for _ in range(num_drawn_elsewhere):
+                torch.multinomial(dummy, 1, generator=generator)
+        self._generators[request_id] = generator
 
     def remove_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -36,7 +50,7 @@ class Sampler:
         """logits: [N, vocab] float32, one row per request. Returns (token ids, their log-probabilities or None
         when no request asked for them)."""
         num_rows = logits.shape[0]
-        is_greedy = [p.temperature == 0.0 or p.top_k == 1 for p in params]
+        is_greedy = [_is_greedy(p) for p in params]
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i in range(num_rows) if not is_greedy[i]]
         if random_rows:
@@ -79,3 +93,7 @@ class Sampler:
             sorted_x = sorted_x.masked_fill(mass_before > top_p, float("-inf"))  # the top token always stays
             x = torch.empty_like(x).scatter_(1, order, sorted_x)
         return x.softmax(dim=-1)
+
+
+def _is_greedy(sampling: SamplingParams) -> bool:
+    return sampling.temperature == 0.0 or sampling.top_k == 1

@@ -8,6 +8,7 @@ from contracts.requests import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
+    NEW = "new"  # not in the scheduler yet (queued in the engine's inbox)
     WAITING = "waiting"
     RUNNING = "running"
     HELD = "held"  # P/D prefill done: KV blocks kept for transfer, no more compute
@@ -28,7 +29,7 @@ class Sequence:
     sampling: SamplingParams
     arrival_s: float
     is_prefill_only: bool = False
-    status: SequenceStatus = SequenceStatus.WAITING
+    status: SequenceStatus = SequenceStatus.NEW
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     first_token_s: float | None = None

@@ -8,11 +8,12 @@ from the engine thread while it is not stepping (the lifecycle's VERIFYING state
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .weights import segment_checksums
+from .checksum import segment_checksums
 
 _CANARY_PROMPT_LEN = 8
 _CANARY_NUM_TOP = 8
@@ -58,10 +59,22 @@ class WeightVerificationMixin:
         return result
 
     def verify_weights(self, reference: CanaryResult | None = None) -> bool:
-        """The canary matches `reference` (default: the one recorded right after the load from disk)."""
-        return self.canary(len((reference or self.reference_canary).token_ids)).matches(
-            reference or self.reference_canary
-        )
+        """The canary matches `reference` (default: the one recorded right after the load from disk, or handed to
+        the constructor). Raises ValueError when there is none (an engine built with `load_weights=False`)."""
+        reference = reference or self.reference_canary
+        if reference is None:
+            raise ValueError("no reference canary to verify against: built without weights; prove the bytes another "
+                             "way (checksums against a verified copy), then record_reference_canary()")
+        return self.canary(len(reference.token_ids)).matches(reference)
+
+    def record_reference_canary(self, num_steps: int = 2) -> CanaryResult:
+        """Run the canary now and keep it as the reference: for weights whose bytes are already proven (read from
+        disk, or checksums equal to a verified replica's). Raises ValueError when its logits are not finite."""
+        result = self.canary(num_steps)
+        if not all(math.isfinite(x) for x in result.top_logits):
+            raise ValueError("the canary's logits are not finite: these weights cannot be a model")
+        self.reference_canary = result
+        return result
 
     def weight_checksums(self) -> list[str]:
         """One checksum per weight segment the weight source reports (its contiguous page runs, in order), over

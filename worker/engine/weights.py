@@ -29,15 +29,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
+from .checksum import bytes_checksum, segment_checksums  # noqa: F401 - the weights' fingerprint lives there
 from .config import ModelConfig
 
 ALIGN_BYTES = 256  # each tensor starts on this boundary (relative to the buffer start)
 _MIN_BUFFER_ALIGN_BYTES = 64
-_CHECKSUM_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -223,37 +222,3 @@ def load_checkpoint(model_dir: str | Path, layout: WeightLayout, buffer: torch.T
     missing = sorted(set(layout.sources) - loaded)
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
-
-
-def bytes_checksum(data: torch.Tensor) -> str:
-    """A fingerprint of raw bytes that is the same on every device: a plain and a position-weighted sum of the
-    bytes read as int16, with 16-bit weights, so no partial sum can overflow int64 and the result depends neither on
-    the device nor on the reduction order. A host copy, a device copy and a peer's pages agree bit for bit."""
-    if data.dtype != torch.uint8 or data.dim() != 1:
-        raise ValueError("checksum needs a 1-D uint8 tensor")
-    mask = (1 << 64) - 1
-    total_plain = total_weighted = 0
-    num_words_done = 0
-    for start in range(0, data.numel(), _CHECKSUM_CHUNK_BYTES):
-        chunk = data[start : start + _CHECKSUM_CHUNK_BYTES]
-        if chunk.numel() % 2:
-            chunk = torch.cat([chunk, chunk.new_zeros(1)])
-        words = chunk.view(torch.int16).to(torch.int64)
-        index = torch.arange(num_words_done, num_words_done + words.numel(), device=words.device, dtype=torch.int64)
-        # A position-dependent 16-bit weight (a multiplicative hash); index * 40503 stays far below 2**63.
-        weights = ((index * 40503) >> 5) & 0xFFFF
-        total_plain = (total_plain + int(words.sum())) & mask
-        total_weighted = (total_weighted + int((words * weights).sum())) & mask
-        num_words_done += words.numel()
-    return f"{total_plain:016x}{total_weighted:016x}"
-
-
-def segment_checksums(buffer: torch.Tensor, segment_num_bytes: Sequence[int]) -> list[str]:
-    """One checksum per consecutive segment of `buffer` (the weight region's contiguous page runs, in order)."""
-    sums, start = [], 0
-    for num_bytes in segment_num_bytes:
-        if num_bytes <= 0 or start + num_bytes > buffer.numel():
-            raise ValueError("segments must be positive and lie inside the buffer")
-        sums.append(bytes_checksum(buffer[start : start + num_bytes]))
-        start += num_bytes
-    return sums

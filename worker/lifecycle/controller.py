@@ -177,11 +177,9 @@ class LifecycleController:
         elif step == Step.LOAD_HOST:
             await self._go(inst, S.LOADING, cmd, reason="cold -> warm", via="cold_load")
             try:
-                timings["load_ms"] = await asyncio.to_thread(inst.build) if inst.engine is None else \
-                    await asyncio.to_thread(inst.load_checkpoint)
-                await asyncio.to_thread(inst.record_segments)  # the reference a later restore must match
-                copy = await asyncio.to_thread(inst.snapshot_to_host)
-                timings["snapshot_ms"] = copy.copy_ms
+                if inst.engine is None:  # metadata and views only: the checkpoint goes to host memory, not here
+                    timings["build_ms"] = await asyncio.to_thread(inst.build, False)
+                timings.update(await asyncio.to_thread(inst.load_into_host))  # with the reference checksums
                 timings["release_ms"] = await asyncio.to_thread(inst.release_device_pages)
             except Exception as exc:  # noqa: BLE001
                 await asyncio.to_thread(inst.release_everything)
@@ -189,7 +187,7 @@ class LifecycleController:
                 raise LifecycleFailed(ErrorInfo(code=ErrorCode.INTERNAL, message=f"cold -> warm failed: {exc}",
                                                 retryable=True)) from None
             await self._go(inst, S.WARM, cmd, reason="loaded into host memory", via="cold_load",
-                           timings={k: timings[k] for k in ("load_ms", "snapshot_ms", "release_ms")})
+                           timings=dict(timings))
         else:
             raise ValueError(f"{step} is not a plain step")
 
@@ -261,10 +259,10 @@ class LifecycleController:
             return inst.reference, {"map_ms": map_ms, "copy_ms": copy.copy_ms}
         assert source is not None
         phase: dict[str, float] = {}
-        if inst.engine is None:
-            # LLMEngine cannot be built without reading the checkpoint yet; the region is refilled from the source
-            phase["build_ms"] = await asyncio.to_thread(inst.build)
-        phase["prepare_ms"] = await asyncio.to_thread(inst.prepare_fresh_region)
+        if inst.engine is None:  # fresh weight pages, nothing read from disk: the pull fills them
+            phase["build_ms"] = await asyncio.to_thread(inst.build, False)
+        else:
+            phase["prepare_ms"] = await asyncio.to_thread(inst.prepare_fresh_region)
         try:
             pulled = await asyncio.to_thread(pull_weights, inst.pages, inst.owner, source, self.transfer)
         except Exception as exc:

@@ -17,10 +17,13 @@ from contracts import InstanceRole, KVTarget, ModelState, Pool, WeightSegment
 
 from ..core.lifecycle import InstanceLifecycle
 from ..core.streaming import RequestTrack
+from .checksums import segment_checksums
 from .host_copy import CopyReport, HostWeights
 from .verify import Reference, checksums_over, has_weights
 
-EngineBuilder = Callable[[Path, str], Any]  # (model dir, owner) -> engine, weights loaded into the pool
+# (model dir, owner, load_weights) -> engine whose weight region is in the pool: filled from the checkpoint, or
+# (load_weights=False) left for the caller to fill by a pull or a host copy, with no disk read
+EngineBuilder = Callable[[Path, str, bool], Any]
 
 
 @dataclass
@@ -82,10 +85,12 @@ class ModelInstance:
         return self.owner in self.pages.owners()
 
     # ---- device operations (blocking; engine parked) ------------------------------------------------------------
-    def build(self) -> float:
-        """Cold -> device: a new engine reads the checkpoint straight into fresh weight pages. Returns ms."""
+    def build(self, load_weights: bool = True) -> float:
+        """Cold -> device: a new engine with fresh weight pages, which it fills from the checkpoint, or (load_weights
+        False: a fork target, a load into host memory) leaves for the caller to fill, without reading the disk.
+        Returns ms."""
         started = time.perf_counter()
-        self.engine = self.build_engine(self.model_dir, self.owner)
+        self.engine = self.build_engine(self.model_dir, self.owner, load_weights)
         return _ms_since(started)
 
     def load_checkpoint(self) -> float:
@@ -96,7 +101,26 @@ class ModelInstance:
         self.ensure_awake()
         if has_weights(self.engine):
             load_checkpoint(self.model_dir, self.engine.weight_layout, self.engine.weight_buffer)
+            if self.engine.reference_canary is None:  # built without weights: the disk is the truth
+                self.engine.record_reference_canary()
         return _ms_since(started)
+
+    def load_into_host(self) -> dict[str, float]:
+        """Cold -> Warm: read the checkpoint straight into the (pinned) host buffer, and checksum it: the reference
+        a later wake must match. The engine's device weight pages are never written. Returns ms per phase."""
+        from worker.engine.weights import load_checkpoint
+
+        if not has_weights(self.engine):
+            return {}
+        started = time.perf_counter()
+        if self.host is None or self.host.num_bytes != self.weight_num_bytes:
+            self.host = HostWeights.allocate(self.weight_num_bytes, pin=self.engine.device.type == "cuda")
+        load_checkpoint(self.model_dir, self.engine.weight_layout, self.host.buffer)
+        load_ms = _ms_since(started)
+        started = time.perf_counter()
+        lengths = [n for _, n in self.pages.weight_segments(self.owner)] or [self.host.num_bytes]
+        self.reference = Reference(tuple(lengths), tuple(segment_checksums(self.host.buffer, lengths)))
+        return {"load_ms": load_ms, "checksum_ms": _ms_since(started)}
 
     def ensure_awake(self) -> float:
         """Fresh pages under the views of an owner whose pages were released (Warm). Returns ms."""

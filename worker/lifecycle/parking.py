@@ -8,7 +8,7 @@ loop skip the engine from then on.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 class SteppedEngine:
@@ -27,6 +27,13 @@ class SteppedEngine:
             if self._is_parked:
                 return []
             return self.engine.step()
+
+    def between_steps(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` with no step running and none starting meanwhile; skipped (None) once parked."""
+        with self._step_lock:
+            if self._is_parked:
+                return None
+            return fn(self.engine)
 
     def park(self) -> None:
         """Returns once no step is running and none will start."""

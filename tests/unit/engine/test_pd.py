@@ -142,3 +142,66 @@ def test_abort_of_a_held_prefill_frees_its_blocks(engines):
     outs = prefill.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [("held", "abort")]
     assert prefill.stats().num_kv_blocks_used == 0
+
+
+def _tokens(outs) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=16, temperature=1.0, seed=7, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=50, seed=123, ignore_eos=True),
+])
+def test_seeded_sampling_continues_the_same_random_stream_across_the_hand_over(engines, params):
+    prefill, decode, colocated = engines
+    colocated.add_request("seeded-ref", PROMPT, params)
+    colocated.add_request("seeded-noise", PROMPT[:9], SamplingParams(max_tokens=8, temperature=1.0))  # shares the batch
+    ref = [o for o in _run(colocated) if o.request_id == "seeded-ref"]
+    done, rest = _hand_over(prefill, decode, f"pd-seeded-{params.seed}", params, by_address=False)
+    assert list(done.token_ids) + _tokens(rest) == _tokens(ref)
+    # and the draws are really random: another seed takes another path
+    other = params.model_copy(update={"seed": params.seed + 1})
+    colocated.add_request("seeded-other", PROMPT, other)
+    assert _tokens(_run(colocated)) != _tokens(ref)
+
+
+def test_a_hand_over_that_ends_at_its_first_token_finishes_cleanly(engines):
+    prefill, decode, _ = engines
+    decode.add_request("bystander", PROMPT[:7], _greedy(6))  # the decode instance keeps serving it throughout
+    outcomes = {}
+    for rid, adjust in (("ends-length", lambda p, first: p.model_copy(update={"max_tokens": 1})),
+                        ("ends-stop-token", lambda p, first: p.model_copy(update={"stop_token_ids": (first,)}))):
+        blocks = decode.reserve_kv_blocks(rid, len(PROMPT))
+        done = _prefill(prefill, rid, _greedy(8))
+        decode.write_kv_blocks(blocks, prefill.read_kv_blocks(done.kv_block_ids))
+        prefill.release_kv_blocks(rid)
+        first = done.token_ids[0]
+        decode.add_decode_request(rid, PROMPT, first, adjust(_greedy(8), first), blocks)
+        outcomes[rid] = [o for o in decode.step() if o.request_id == rid]
+    assert [(o.token_ids, o.is_finished, o.finish_reason, o.num_output_tokens) for o in outcomes["ends-length"]] \
+        == [((), True, "length", 1)]
+    assert [(o.is_finished, o.finish_reason) for o in outcomes["ends-stop-token"]] == [(True, "stop")]
+    bystander = _run(decode)
+    assert bystander[-1].request_id == "bystander" and bystander[-1].finish_reason == "length"
+    assert decode.stats().num_kv_blocks_used == 0 and decode.stats().num_running == 0
+    with pytest.raises(ValueError):  # the id is free again, and the reservation is gone with the request
+        decode.add_decode_request("ends-length", PROMPT, 5, _greedy(4), blocks)
+
+
+def test_the_held_back_tail_is_emitted_when_the_decode_side_ends_at_once(engines):
+    prefill, decode, colocated = engines
+    colocated.add_request("tail-free", PROMPT, _greedy(16))
+    free = _run(colocated)
+    first_text = free[0].text
+    free_text = "".join(o.text for o in free)
+    stop = free_text[len(first_text) - 1 : len(first_text) + 2]  # starts with the first token's last character
+    colocated.add_request("tail-ref", PROMPT, _greedy(1, stop=(stop,)))
+    assert "".join(o.text for o in _run(colocated)) == first_text
+    blocks = decode.reserve_kv_blocks("tail", len(PROMPT))
+    done = _prefill(prefill, "tail", _greedy(16, stop=(stop,)))
+    assert done.text == first_text[:-1]
+    decode.write_kv_blocks(blocks, prefill.read_kv_blocks(done.kv_block_ids))
+    prefill.release_kv_blocks("tail")
+    decode.add_decode_request("tail", PROMPT, done.token_ids[0], _greedy(1, stop=(stop,)), blocks)
+    (end,) = _run(decode)
+    assert end.finish_reason == "length" and done.text + end.text == first_text

@@ -97,3 +97,24 @@ def test_missing_or_misshapen_tensors_are_clear_errors(tiny_model_dir, tmp_path)
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="lacks 1 tensors"):
         LLMEngine(tmp_path)
+
+
+def test_an_engine_built_without_weights_reads_no_checkpoint_and_is_filled_later(tiny_model_dir, engine, tmp_path):
+    folder = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(FileNotFoundError):
+        LLMEngine(folder)  # the checkpoint really is missing
+    bare = LLMEngine(folder, load_weights=False)
+    assert bare.reference_canary is None
+    with pytest.raises(ValueError, match="no reference canary"):
+        bare.verify_weights()
+    bare.weight_buffer.copy_(engine.weight_buffer)  # what a fork's pull or a host copy does
+    assert bare.record_reference_canary().matches(engine.reference_canary)
+    assert bare.verify_weights() and bare.weight_checksums() == engine.weight_checksums()
+    assert _greedy_tokens(bare, [5, 9, 200, 31, 7]) == _greedy_tokens(engine, [5, 9, 200, 31, 7])
+    given = LLMEngine(folder, load_weights=False, reference_canary=engine.reference_canary)
+    given.weight_buffer.zero_()
+    assert not given.verify_weights()  # zeroed weights do not reproduce the source's canary
+    given.weight_buffer.fill_(0xFF)  # NaN in every float32: not a model
+    with pytest.raises(ValueError, match="not finite"):
+        given.record_reference_canary()

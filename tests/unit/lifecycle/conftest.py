@@ -32,8 +32,8 @@ def tiny_dir(tmp_path_factory) -> Path:
 def make_worker(tiny_dir):
     made: list[Worker] = []
 
-    def make(worker_id: str = "w0", **kw) -> Worker:
-        w = Worker(worker_id, tiny_dir, **kw)
+    def make(worker_id: str = "w0", model_dir: Path | None = None, **kw) -> Worker:
+        w = Worker(worker_id, model_dir or tiny_dir, **kw)
         made.append(w)
         return w
 
@@ -41,3 +41,20 @@ def make_worker(tiny_dir):
     for w in made:
         w.close()
 
+
+
+@pytest.fixture(scope="session")
+def tiny_dir_without_checkpoint(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny model's folder minus its safetensors: an engine can be built there but never read weights."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("no_checkpoint") / tiny_dir.name
+    shutil.copytree(tiny_dir, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_dir(tiny_dir) -> Path:
+    from worker.engine.demo import make_demo_models
+
+    return make_demo_models(tiny_dir.parent, ["demo-small"])["demo-small"]

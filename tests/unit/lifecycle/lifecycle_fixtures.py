@@ -44,7 +44,9 @@ class RecordingHost:
 class Worker:
     """One simulated worker: a real page pool, a real transfer engine, a controller over them."""
 
-    def __init__(self, worker_id: str, model_dir: Path, *, pool_bytes: int = 48 << 20, with_transfer: bool = True):
+    def __init__(self, worker_id: str, model_dir: Path, *, pool_bytes: int = 48 << 20, with_transfer: bool = True,
+                 host: RecordingHost | None = None, is_background_refill: bool = False, kv_cache_bytes: int = 2 << 20,
+                 other_model_dirs: dict[str, Path] | None = None):
         from worker.engine.engine import EngineConfig, LLMEngine
         from worker.lifecycle.controller import LifecycleController
         from worker.lifecycle.instance import ModelInstance
@@ -52,7 +54,7 @@ class Worker:
 
         self.worker_id = worker_id
         self.pages = XTensor.open("cpu", pool_bytes, XTensorConfig(page_size_bytes=PAGE_BYTES,
-                                                                   is_background_refill=False))
+                                                                   is_background_refill=is_background_refill))
         self.transfer = None
         if with_transfer:
             from worker.transfer import MooncakeTransfer
@@ -60,30 +62,34 @@ class Worker:
             self.transfer = MooncakeTransfer.start()
             region = self.pages.global_region
             self.transfer.register(region.base_address, region.num_bytes)
-        self.host = RecordingHost()
+        self.host = host or RecordingHost()
         self.num_builds = 0
 
-        def build(path, owner):
+        def build(path, owner, load_weights=True):
             self.num_builds += 1
-            return LLMEngine(path, config=EngineConfig(kv_cache_bytes=2 << 20, max_num_seqs=4), kv_source=self.pages,
-                             weight_source=self.pages, owner=owner)
+            return LLMEngine(path, config=EngineConfig(kv_cache_bytes=kv_cache_bytes, max_num_seqs=4),
+                             kv_source=self.pages, weight_source=self.pages, owner=owner, load_weights=load_weights)
+
+        folders = {"demo-tiny": model_dir, **(other_model_dirs or {})}
 
         def make(cmd):
-            return ModelInstance(worker_id, cmd.model, cmd.instance_id, cmd.role, cmd.pool, model_dir, self.pages,
-                                 build)
+            return ModelInstance(worker_id, cmd.model, cmd.instance_id, cmd.role, cmd.pool, folders[cmd.model],
+                                 self.pages, build)
 
         self.controller = LifecycleController(worker_id, self.host, make, self.transfer)
         self._ids = itertools.count()
 
-    def command(self, instance_id: str, action: LifecycleAction, **kw) -> LifecycleCommand:
+    def command(self, instance_id: str, action: LifecycleAction, model: str = "demo-tiny", **kw) -> LifecycleCommand:
         return LifecycleCommand(command_id=f"{self.worker_id}-{next(self._ids)}", worker_id=self.worker_id,
-                                model="demo-tiny", instance_id=instance_id, action=action,
+                                model=model, instance_id=instance_id, action=action,
                                 issued_unix_ms=time.time() * 1e3, **kw)
 
     async def run(self, instance_id: str, action: LifecycleAction, **kw):
         return await self.controller.execute(self.command(instance_id, action, **kw))
 
     def close(self) -> None:
+        if hasattr(self.host, "close"):
+            self.host.close()
         if self.transfer is not None:
             self.transfer.close()
         self.pages.close()

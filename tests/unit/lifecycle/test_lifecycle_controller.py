@@ -6,6 +6,7 @@ import torch
 
 from contracts import ForkSource, LifecycleAction, ModelState
 from lifecycle_fixtures import greedy_tokens
+from worker.engine.engine import EngineConfig, LLMEngine
 from worker.lifecycle.commands import CommandBook
 
 A = LifecycleAction
@@ -74,11 +75,32 @@ async def test_fork_over_mooncake_gives_bit_identical_weights_and_the_same_greed
     assert src.transfer.stats().num_bytes == 0 and dst.transfer.stats().num_bytes == target.weight_buffer.numel()
 
 
+async def test_a_fork_onto_a_cold_target_reads_no_checkpoint(make_worker, tiny_dir_without_checkpoint):
+    src = make_worker("src")
+    dst = make_worker("dst", model_dir=tiny_dir_without_checkpoint)  # any read of the checkpoint would fail
+    await src.run("a", A.ACTIVATE)
+    source = src.controller.instances["a"]
+    fork = ForkSource(worker_id="src", instance_id="a", transfer_session=src.transfer.session,
+                      segments=source.segments)
+    reply = await dst.run("b", A.FORK_FROM, fork_source=fork)
+    assert reply.ok and reply.state == S.ACTIVE, reply
+    assert "fork failed" not in reply.detail and {"build_ms", "pull_ms", "checksum_ms"} <= set(reply.timings_ms)
+    target = dst.controller.instances["b"].engine
+    assert torch.equal(target.weight_buffer, source.engine.weight_buffer)
+    assert target.reference_canary.matches(source.engine.reference_canary)  # recorded once the checksums held
+    assert greedy_tokens(target) == greedy_tokens(source.engine)
+    # without a checkpoint and with a source that lies, nothing can verify: the target says so and stays down
+    lying = tuple(s.model_copy(update={"checksum": "w64:" + "0" * 32}) for s in source.segments)
+    bad = ForkSource(worker_id="src", instance_id="a", transfer_session=src.transfer.session, segments=lying)
+    reply = await dst.run("c", A.FORK_FROM, fork_source=bad)
+    assert not reply.ok and "checksum mismatch" in reply.detail and "c" not in dst.controller.instances
+
+
 async def test_a_fork_that_fails_verification_falls_back_to_a_cold_load_and_says_why(make_worker):
     src, dst = make_worker("src"), make_worker("dst")
     await src.run("a", A.ACTIVATE)
     segments = src.controller.instances["a"].segments
-    lying = tuple(s.model_copy(update={"checksum": "crc32:00000000"}) for s in segments)
+    lying = tuple(s.model_copy(update={"checksum": "w64:" + "0" * 32}) for s in segments)
     fork = ForkSource(worker_id="src", instance_id="a", transfer_session=src.transfer.session, segments=lying)
 
     reply = await dst.run("b", A.FORK_FROM, fork_source=fork)
@@ -129,8 +151,18 @@ async def test_cold_releases_everything_and_warm_from_cold_loads_into_host_memor
     inst = w.controller.instances["j"]
     assert inst.has_host_copy and _weight_pages(w, "j") == 0
     assert ("serve", "j") not in w.host.calls  # never served while loading to host
+    # the checkpoint went straight into host memory: no device -> host copy, and the bytes are the checkpoint's
+    assert "load_ms" in reply.timings_ms and "snapshot_ms" not in reply.timings_ms
+    plain = LLMEngine(w.controller.instances["j"].model_dir, config=EngineConfig(kv_cache_bytes=1 << 20))
+    num_bytes = plain.weight_layout.total_bytes
+    assert torch.equal(inst.host.buffer[:num_bytes], plain.weight_buffer[:num_bytes])
+    assert inst.engine.reference_canary is None  # the device never held these weights yet
     reply = await w.run("j", A.ACTIVATE)
     assert reply.ok and [e.via for e in w.host.events[-3:]] == ["warm_copy"] * 3
+    assert reply.timings_ms["checksum_ms"] > 0  # against the checksums taken of the host copy at load
+    assert torch.equal(inst.engine.weight_buffer[:num_bytes], plain.weight_buffer[:num_bytes])
+    assert greedy_tokens(inst.engine) == greedy_tokens(plain)
+    assert inst.engine.reference_canary.matches(plain.reference_canary)
 
 
 async def test_repeats_and_noops_change_nothing(make_worker):

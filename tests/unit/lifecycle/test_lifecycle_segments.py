@@ -89,19 +89,21 @@ def test_host_copy_round_trip_restores_the_device_bytes():
 
 
 def test_checksums_name_their_algorithm_and_catch_one_flipped_bit():
+    from worker.engine.checksum import bytes_checksum
     from worker.lifecycle.checksums import algorithm_of, checksum, segment_checksums
 
     data = torch.randint(0, 256, (100_003,), dtype=torch.uint8)
-    for algorithm in ("crc32", "sum"):
-        first = segment_checksums(data, [50_000, 50_003], algorithm)
-        assert all(algorithm_of(c) == algorithm for c in first)
-        assert first == segment_checksums(data.clone(), [50_000, 50_003], algorithm)  # a function of the bytes
-        flipped = data.clone()
-        flipped[77_777] ^= 1
-        second = segment_checksums(flipped, [50_000, 50_003], algorithm)
-        assert second[0] == first[0] and second[1] != first[1]
-    assert segment_checksums(data, [100_003]) == [checksum(data, "crc32")]  # host memory: crc32 by default
-    with pytest.raises(ValueError, match="name its algorithm"):
-        algorithm_of("deadbeef")
+    first = segment_checksums(data, [50_000, 50_003])
+    assert all(algorithm_of(c) == "w64" for c in first)
+    assert first == segment_checksums(data.clone(), [50_000, 50_003])  # a function of the bytes
+    assert first[1] == f"w64:{bytes_checksum(data[50_000:])}"  # the engine's one function, tagged
+    flipped = data.clone()
+    flipped[77_777] ^= 1
+    second = segment_checksums(flipped, [50_000, 50_003])
+    assert second[0] == first[0] and second[1] != first[1]
+    assert segment_checksums(data, [100_003]) == [checksum(data)]
+    for stale in ("deadbeef", "crc32:00000000", "sum:0"):  # untagged, or from a peer with the old algorithms
+        with pytest.raises(ValueError, match="known algorithm"):
+            algorithm_of(stale)
     with pytest.raises(ValueError, match="inside the buffer"):
         segment_checksums(data, [100_004])
