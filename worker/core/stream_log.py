@@ -142,6 +142,8 @@ class StreamLog:
     def _enforce_cap(self) -> None:
         """Over the cap: finished logs (oldest first) lose their older events down to a short tail (a gateway asks from
         just past what it has, near the end), then go whole; then running logs (oldest first) lose their oldest."""
+        if self._num_events <= self.max_num_events:
+            return  # the common case, on every event: nothing to walk
         finished = [self._logs[rid] for rid in self._finished]
         for log in finished:
             self._truncate_front(log, keep=FINISHED_TAIL_EVENTS)
