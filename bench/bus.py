@@ -78,7 +78,7 @@ async def path_latencies(url: str, config_path: Path, state: Path, n: int, num_h
     gw = GatewayService(JanusSettings(nats_url=url, instance="bench-gateway", state_dir=state), cluster, port=0)
     task = asyncio.create_task(run_service(gw, install_signals=False))
     try:
-        while gw.bus is None or gw._server is None or not gw._server.started:
+        while gw.bus is None or not gw.listening:
             await asyncio.sleep(0.05)
 
         def request() -> GenerateRequest:

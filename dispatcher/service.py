@@ -32,6 +32,7 @@ from contracts import (
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.jetstream import instances_bucket
+from runtime.liveness import PeerLiveness
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -48,6 +49,8 @@ WORKER_TIMEOUT_S = 2.0
 # until an instance has measured its prefill speed, assume this (tokens/s); the heartbeat corrects it
 DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
 HEARTBEAT_PERIOD_S = 0.5
+# the timer wakes at least this often (sooner when the core asks for it)
+TIMER_PERIOD_S = 0.25
 
 
 def now_ms() -> float:
@@ -67,7 +70,7 @@ class DispatcherService(Service):
         # past the first token: request -> (instance, reply subject, arrival); failed by us if the instance dies
         self._streaming: dict[str, tuple[str, GenerateRequest]] = {}
         self._records: dict[str, InstanceRecord] = {}
-        self._worker_seen_s: dict[str, float] = {}
+        self._workers = PeerLiveness(timeout_s=WORKER_TIMEOUT_S, check_period_s=TIMER_PERIOD_S)
         self._dead_workers: set[str] = set()
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -131,7 +134,7 @@ class DispatcherService(Service):
         await self._apply(self.core.on_cancel(now_ms(), cancel.request_id))
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
-        self._worker_seen_s[hb.worker_id] = time.monotonic()
+        self._workers.heard(hb.worker_id, time.monotonic())
         if hb.worker_id in self._dead_workers:
             # back from the dead (a partition or a NATS restart): the heartbeat is fresher evidence than the
             # registry record, and a record newer than the loss is what lifts the core's ban on the instance
@@ -158,7 +161,7 @@ class DispatcherService(Service):
                     log.warning("malformed registry record %s", key)
                     continue
                 self._records[key] = record
-                self._worker_seen_s.setdefault(record.worker_id, time.monotonic())
+                self._workers.know(record.worker_id, time.monotonic())
             await self._apply(self.core.on_instances(now_ms(), self._live_records()))
             self._kick.set()
 
@@ -178,7 +181,7 @@ class DispatcherService(Service):
     async def _timer(self) -> None:
         while True:
             wake = self.core.next_wakeup_ms()
-            delay_s = 0.25 if wake is None else min(0.25, max(0.0, (wake - now_ms()) / 1000.0))
+            delay_s = TIMER_PERIOD_S if wake is None else min(TIMER_PERIOD_S, max(0.0, (wake - now_ms()) / 1000.0))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), delay_s)
             self._kick.clear()
@@ -189,11 +192,10 @@ class DispatcherService(Service):
                 log.exception("dispatcher tick failed")
 
     async def _check_workers(self) -> None:
-        now_s = time.monotonic()
-        for worker_id, seen_s in list(self._worker_seen_s.items()):
-            if worker_id in self._dead_workers or now_s - seen_s < WORKER_TIMEOUT_S:
+        for worker_id, silent_s in self._workers.check(time.monotonic()).items():
+            if worker_id in self._dead_workers:
                 continue
-            log.warning("worker %s silent for %.1f s: its instances are lost", worker_id, now_s - seen_s)
+            log.warning("worker %s silent for %.1f s: its instances are lost", worker_id, silent_s)
             self._dead_workers.add(worker_id)
             lost = [r.instance_id for r in self._records.values() if r.worker_id == worker_id]
             effects: list[Effect] = []

@@ -223,23 +223,34 @@ async def _collect(events: AsyncIterator[Event], completion: Completion) -> None
 async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: bool,
                   want_logprobs: bool, on_end) -> AsyncIterator[bytes]:
     is_first = True
+    # a token that ends inside a multi-byte character has no text yet: its chunk is held back, and its logprob
+    # rides on the next chunk sent (clients count tokens by logprobs; none may be lost)
+    held_logprobs: list[float] = []
 
     async def chain() -> AsyncIterator[Event]:
         yield first
         async for ev in events:
             yield ev
 
+    def take_held(extra: tuple[float, ...] | None = None) -> list[float] | None:
+        if not want_logprobs:
+            return None
+        out = held_logprobs + list(extra or ())
+        held_logprobs.clear()
+        return out or None
+
     try:
         async for ev in chain():
             if isinstance(ev, TokenChunk):
                 _apply(completion, ev)
                 if ev.text or is_first:
-                    yield _sse(chunk_body(completion, ev.text, is_first=is_first,
-                                          logprobs=list(ev.logprobs) if want_logprobs and ev.logprobs else None))
+                    yield _sse(chunk_body(completion, ev.text, is_first=is_first, logprobs=take_held(ev.logprobs)))
                     is_first = False
+                elif want_logprobs and ev.logprobs:
+                    held_logprobs.extend(ev.logprobs)
             elif isinstance(ev, RequestDone):
                 completion.finish_reason = ev.finish_reason
-                yield _sse(chunk_body(completion, "", ev.finish_reason, is_first=is_first))
+                yield _sse(chunk_body(completion, "", ev.finish_reason, is_first=is_first, logprobs=take_held()))
                 if include_usage:
                     yield _sse(usage_chunk(completion))
                 yield _sse("[DONE]")

@@ -33,6 +33,7 @@ from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.catalog import max_model_len, model_dir
 from runtime.cluster_view import ClusterView
+from runtime.liveness import PeerLiveness
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -120,9 +121,10 @@ class GatewayService(Service):
         self.host = host or cluster.gateway.host
         self.port = cluster.gateway.port if port is None else port
         self._pending: dict[str, _Pending] = {}
-        self._dispatcher_seen_s: dict[str, float] = {}
+        self._dispatchers = PeerLiveness(timeout_s=DISPATCHER_TIMEOUT_S, check_period_s=DISPATCHER_CHECK_PERIOD_S)
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
+        self.listening = False  # true once the bound port is known (port=0 picks one at start)
         self._tracer = tracing.tracer("janus.gateway")
         self.view = ClusterView()
         self.app = create_app(self)
@@ -223,19 +225,19 @@ class GatewayService(Service):
                 await self.bus.publish(subjects.CANCEL, CancelRequest(request_id=request_id))
 
     async def _on_dispatcher_heartbeat(self, beat: DispatcherHeartbeat, env: Envelope) -> None:
-        self._dispatcher_seen_s[beat.dispatcher_id] = time.monotonic()
+        self._dispatchers.heard(beat.dispatcher_id, time.monotonic())
 
     async def _watchdog(self) -> None:
         """Every 0.25 s: resubmit what a silent dispatcher held; recover lost stream events from their worker."""
         while True:
             await asyncio.sleep(DISPATCHER_CHECK_PERIOD_S)
             now_s = time.monotonic()
+            silent = self._dispatchers.check(now_s)
             for pending in list(self._pending.values()):
                 if pending.assembler.is_terminal:
                     continue
-                seen = self._dispatcher_seen_s.get(pending.dispatcher_id)
-                if (seen is not None and not pending.has_first_event and not pending.is_resubmitting
-                        and now_s - seen > DISPATCHER_TIMEOUT_S):
+                if (pending.dispatcher_id in silent and not pending.has_first_event
+                        and not pending.is_resubmitting):
                     pending.is_resubmitting = True
                     pending.queue.put_nowait(_RESUBMIT)
                 if resend_due(pending.recovery, now_s, gap_age_s=pending.assembler.gap_age_s(now_s)):
@@ -322,6 +324,7 @@ class GatewayService(Service):
         sock = self._server.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
         self.metrics_url = f"{self.url}/metrics"
+        self.listening = True
         log.info("gateway listening on %s", self.url)
 
     @property

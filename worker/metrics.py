@@ -17,21 +17,34 @@ DECODE_TPS = gauge("janus_worker_decode_tokens_per_second", "measured decode thr
 PREFILL_TPS = gauge("janus_worker_prefill_tokens_per_second", "measured prefill throughput", ("worker", "model"))
 
 
+# label sets each worker set last time: a model that left the device must leave the scrape too, not stay frozen
+_last_labels: dict[str, set[tuple]] = {}
+
+
 def observe_heartbeat(hb) -> None:
     """Set the gauges from the heartbeat the worker is about to send (one source of truth for both)."""
     w = hb.worker_id
-    PAGES.labels(w, "", "free").set(hb.pages.num_pages_free)
+    now: set[tuple] = set()
+
+    def put(metric, labels: tuple, value: float) -> None:
+        metric.labels(*labels).set(value)
+        now.add((metric, labels))
+
+    put(PAGES, (w, "", "free"), hb.pages.num_pages_free)
     for model, kinds in hb.pages.pages_by_model.items():
         for kind, n in kinds.items():
-            PAGES.labels(w, model, kind).set(n)
+            put(PAGES, (w, model, kind), n)
     FRAGMENTATION.labels(w).set(hb.pages.fragmentation)
     for st in hb.instances:
-        RUNNING.labels(w, st.model).set(st.num_running)
-        WAITING.labels(w, st.model).set(st.num_waiting)
+        put(RUNNING, (w, st.model), st.num_running)
+        put(WAITING, (w, st.model), st.num_waiting)
         if st.decode_tokens_per_s is not None:
-            DECODE_TPS.labels(w, st.model).set(st.decode_tokens_per_s)
+            put(DECODE_TPS, (w, st.model), st.decode_tokens_per_s)
         if st.prefill_tokens_per_s is not None:
-            PREFILL_TPS.labels(w, st.model).set(st.prefill_tokens_per_s)
+            put(PREFILL_TPS, (w, st.model), st.prefill_tokens_per_s)
+    for metric, labels in _last_labels.get(w, set()) - now:
+        metric.remove(*labels)
+    _last_labels[w] = now
 
 
 def observe_transition(event) -> None:

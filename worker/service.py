@@ -52,6 +52,7 @@ from .lifecycle.commands import CommandBook
 from .lifecycle.controller import LifecycleController
 from .lifecycle.instance import ModelInstance
 from .lifecycle.parking import SteppedEngine
+from .metrics import observe_heartbeat, observe_transition
 from .pd_flow import PrefillDecodeFlow
 from .process_env import configure_worker_process
 from .resend import ResendServer
@@ -231,6 +232,7 @@ class WorkerService(Service):
             await self._delete_record(inst)
         else:
             await self._put_record(inst)
+        observe_transition(event)
         with contextlib.suppress(Exception):  # an event lost is not a reason to stop the transition
             await self.bus.publish(subjects.LIFECYCLE_EVENT, event, propagate=False)
 
@@ -439,8 +441,10 @@ class WorkerService(Service):
     # --- telemetry ---
     def heartbeat(self) -> WorkerHeartbeat:
         self._seq += 1
-        return build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, self.residents,
-                               self.transfer.session if self.transfer else "", self.is_stopping)
+        hb = build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, self.residents,
+                             self.transfer.session if self.transfer else "", self.is_stopping)
+        observe_heartbeat(hb)
+        return hb
 
     async def _heartbeat_forever(self) -> None:
         while True:

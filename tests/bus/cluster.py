@@ -52,7 +52,7 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     out.services["gateway"] = GatewayService(settings(f"{tag}-gateway"), cluster, port=0)
     for svc in out.services.values():
         out.tasks.append(asyncio.create_task(run_service(svc, install_signals=False)))
-    await wait_until(lambda: getattr(out.gateway, "_server", None) is not None and out.gateway._server.started
+    await wait_until(lambda: out.gateway.listening
                      and all(getattr(s, "residents", None) is None or
                              all(r.is_ready for r in s.residents.values()) and s.residents
                              for s in out.services.values()), timeout_s=120, tasks=out.tasks)

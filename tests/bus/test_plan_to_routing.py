@@ -25,6 +25,7 @@ from contracts import (
 )
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.scrape import samples, scrape
 from tests.unit.planner.planner_test_oracles import TableOracle, window
 
 pytestmark = pytest.mark.slow
@@ -169,6 +170,23 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
         assert len(forked) == 2
         for inst in forked:
             assert inst.segments and [s.checksum for s in inst.segments] == [s.checksum for s in source.segments]
+
+        # what Prometheus scrapes tells the same story
+        target = next(w for w in workers.values() if any(i.instance_id in new for i in w.residents.values()))
+        await asyncio.sleep(0.6)  # one heartbeat after the fork: the page gauges follow heartbeats
+        text = await scrape(target.metrics_url)
+        me = {"worker": target.worker_id}
+        assert sum(samples(text, "janus_worker_pages", model="hot", kind="weights", **me)) > 0
+        assert sum(samples(text, "janus_worker_lifecycle_transitions_total", model="hot", to_state="active",
+                           **me)) >= 1
+        fork_s = sum(samples(text, "janus_worker_lifecycle_transition_seconds_sum", via="fork", **me))
+        assert sum(samples(text, "janus_worker_lifecycle_transition_seconds_count", via="fork", **me)) >= 1
+        assert 0 < fork_s < 60
+        planner = await scrape(reconciler.metrics_url)
+        assert sum(samples(planner, "janus_planner_actions_total", action="fork_from", status="succeeded")) >= 2
+        assert sum(samples(planner, "janus_planner_plans_total", planner="elastic")) >= 1
+        assert sum(samples(planner, "janus_planner_plans_total", planner="steady")) >= 1
+        assert 0 < sum(samples(planner, "janus_planner_decision_seconds", planner="elastic")) < 10
     finally:
         for s in services.values():
             s.stopped.set()

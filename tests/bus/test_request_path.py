@@ -2,11 +2,13 @@
 echo engine (no model math) so the test is about the path: HTTP API, errors, streaming, traces."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 
+from ..scrape import samples, scrape
 from .cluster import start_cluster
 
 
@@ -105,30 +107,39 @@ async def test_one_request_is_one_trace_across_gateway_dispatcher_and_worker(ech
             "worker generate"} <= names, names
 
 
-def _samples(text: str, name: str) -> list[tuple[str, float]]:
-    out = []
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out.append((key, float(value)))
-    return out
-
-
 async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(echo_cluster):
     async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
         for _ in range(3):
             r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [9, 8], "max_tokens": 3})
             assert r.status_code == 200
         gw = (await client.get("/metrics")).text
-        disp = (await client.get(echo_cluster.dispatcher.metrics_url)).text
-    ok = [v for k, v in _samples(gw, "janus_gateway_requests_total") if 'model="demo-tiny"' in k and 'status="ok"' in k]
-    assert ok and ok[0] >= 3
-    ttft_count = [v for k, v in _samples(gw, "janus_gateway_ttft_seconds_count") if 'model="demo-tiny"' in k]
-    assert ttft_count and ttft_count[0] >= 3
-    ttft_sum = [v for k, v in _samples(gw, "janus_gateway_ttft_seconds_sum") if 'model="demo-tiny"' in k]
-    assert 0 < ttft_sum[0] / ttft_count[0] < 5.0  # seconds: a plausible mean TTFT for the echo engine
-    tokens = [v for k, v in _samples(gw, "janus_gateway_output_tokens_total") if 'model="demo-tiny"' in k]
-    assert tokens and tokens[0] >= 9
-    assigned = [v for k, v in _samples(disp, "janus_dispatcher_assignments_total") if 'model="demo-tiny"' in k]
-    assert assigned and sum(assigned) >= 3
-    assert _samples(disp, "janus_dispatcher_queue_depth")
+    assert sum(samples(gw, "janus_gateway_requests_total", model="demo-tiny", status="ok")) >= 3
+    ttft_count = sum(samples(gw, "janus_gateway_ttft_seconds_count", model="demo-tiny"))
+    assert ttft_count >= 3
+    ttft_sum = sum(samples(gw, "janus_gateway_ttft_seconds_sum", model="demo-tiny"))
+    assert 0 < ttft_sum / ttft_count < 5.0  # seconds: a plausible mean TTFT for the echo engine
+    assert sum(samples(gw, "janus_gateway_output_tokens_total", model="demo-tiny")) >= 9
+    disp = ""
+    for _ in range(40):  # the queue-depth gauge follows the load windows the dispatcher publishes every 0.5 s
+        disp = await scrape(echo_cluster.dispatcher.metrics_url)
+        if samples(disp, "janus_dispatcher_queue_depth", model="demo-tiny"):
+            break
+        await asyncio.sleep(0.1)
+    assert sum(samples(disp, "janus_dispatcher_assignments_total", model="demo-tiny")) >= 3
+    assert samples(disp, "janus_dispatcher_queue_depth", model="demo-tiny") == [0.0]  # all answered
+
+
+async def test_worker_metrics_show_pages_transitions_and_batches(echo_cluster):
+    worker = echo_cluster.services["echo-worker-0"]
+    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+        for _ in range(2):
+            r = await client.post("/v1/completions", json={"model": "demo-small", "prompt": [3, 4], "max_tokens": 2})
+            assert r.status_code == 200
+    await asyncio.sleep(1.2)  # two heartbeats: the gauges follow them
+    text = await scrape(worker.metrics_url)
+    me = {"worker": "echo-worker-0"}
+    # the echo engine holds no pages: the whole pool is free
+    assert samples(text, "janus_worker_pages", kind="free", **me) == [float(worker.pages.num_pages)]
+    assert sum(samples(text, "janus_worker_lifecycle_transitions_total", to_state="active", **me)) == 2
+    assert sum(samples(text, "janus_worker_lifecycle_transition_seconds_count", to_state="active", **me)) == 2
+    assert samples(text, "janus_worker_running_requests", model="demo-small", **me) == [0.0]
