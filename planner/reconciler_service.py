@@ -48,7 +48,9 @@ class ReconcilerService(Service):
         self._lock = asyncio.Lock()  # effects are applied in the order the core produced them
         self.num_commands = 0
         self.num_failed_actions = 0
+        self.num_unaudited = 0
         self.plan_statuses: list = []  # the latest few, for health and tests
+        self.resumed_plan_ids: list[str] = []  # the plans found in PLANS at start (a restart carries them on)
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s)
@@ -62,6 +64,7 @@ class ReconcilerService(Service):
                                      (subjects.PLAN_ELASTIC, ElasticPlan, self.core.on_elastic_plan)):
             plan = await last_plan(bus, subject, tp)
             if plan is not None:
+                self.resumed_plan_ids.append(plan.plan_id)
                 await self._apply(handler(now_ms(), plan))
         self._tasks.append(asyncio.create_task(self._periodic()))
 
@@ -74,7 +77,8 @@ class ReconcilerService(Service):
 
     def health_detail(self) -> dict[str, str]:
         return {"commands": str(self.num_commands), "failed_actions": str(self.num_failed_actions),
-                "in_flight": str(len(self.core.pending_ops()))}
+                "in_flight": str(len(self.core.pending_ops())), "resumed": ",".join(self.resumed_plan_ids),
+                "unaudited": str(self.num_unaudited)}
 
     # --- inputs ---
     async def _on_steady(self, plan: SteadyPlan, env: Envelope) -> None:
@@ -101,7 +105,10 @@ class ReconcilerService(Service):
     async def _periodic(self) -> None:
         while True:
             await asyncio.sleep(self.policy.reconcile_period_s)
-            await self._apply(self.core.on_tick(now_ms()))
+            try:
+                await self._apply(self.core.on_tick(now_ms()))
+            except Exception:  # noqa: BLE001 - one bad tick must not stop reconciliation for good
+                log.exception("reconciler tick failed")
 
     # --- outputs ---
     async def _apply(self, effects: ReconcileEffects) -> None:
@@ -116,15 +123,24 @@ class ReconcilerService(Service):
                     self.num_failed_actions += 1
                     log.warning("plan %s: %s %s on %s %s: %s", action.plan_id, action.action.value,
                                 action.instance_id, action.worker_id, action.status, action.reason)
-                await publish_event(self.bus, subjects.PLAN_ACTION, action)
+                await self._audit(subjects.PLAN_ACTION, action)
             for status in effects.plan_statuses:
                 log.info("plan %s (%s): %s %s", status.plan_id, status.kind, status.status, status.detail)
                 self.plan_statuses = (self.plan_statuses + [status])[-100:]
-                await publish_event(self.bus, subjects.PLAN_STATUS, status)
+                await self._audit(subjects.PLAN_STATUS, status)
         for cmd in effects.commands:
             self.num_commands += 1
             self._tasks.append(asyncio.create_task(self._send(cmd)))
         self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _audit(self, subject: str, event) -> None:
+        """An audit event that cannot be stored is logged loudly, but the commands it describes still go out: the
+        cluster converging matters more than its record."""
+        try:
+            await publish_event(self.bus, subject, event)
+        except Exception as exc:  # noqa: BLE001
+            self.num_unaudited += 1
+            log.error("audit event on %s not stored (%s): %s", subject, exc, event.model_dump_json())
 
     async def _send(self, cmd: LifecycleCommand) -> None:
         assert self.bus is not None

@@ -35,8 +35,9 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
         subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "worker": Permissions(
         # janus.worker.*.run: a prefill worker reserves KV blocks on, and hands requests over to, a decode worker
+        # janus.cancel: a P/D request that ends at its first token releases the decode worker's reservation
         publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
-                 "janus.worker.*.run", "janus.worker.*.resend", KV_INSTANCES, JS_API, INBOX),
+                 "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel", KV_INSTANCES, JS_API, INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "oracle": Permissions(
         publish=(INBOX,),
@@ -48,7 +49,7 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
         publish=("janus.plan.elastic", "janus.oracle.>", JS_API, INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),
     "reconciler": Permissions(
-        publish=("janus.worker.*.cmd", "janus.plan.action", KV_INSTANCES, JS_API, INBOX),
+        publish=("janus.worker.*.cmd", "janus.plan.action", "janus.plan.status", KV_INSTANCES, JS_API, INBOX),
         subscribe=("janus.plan.>", "janus.telemetry.>", "janus.event.lifecycle", INBOX, HEALTH)),
     # people and tools (janus up's health checks, janus status, janus audit): read everything, command nothing
     "operator": Permissions(

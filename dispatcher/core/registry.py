@@ -17,6 +17,9 @@ class InstanceView:
         self._records: dict[str, InstanceRecord] = {}
         self._ledgers: dict[str, PrefillLedger] = {}
         self._lost_at_ms: dict[str, float] = {}
+        # routable instances per (model, role group): rebuilt lazily after any change to records or bans, since a
+        # dispatch round asks for them on every arrival and the registry changes far less often
+        self._routable: dict[tuple[str, str], tuple[InstanceRecord, ...]] = {}
 
     def update(self, now_ms: float, records: Iterable[InstanceRecord]) -> list[str]:
         """Replace the snapshot. Returns instances to treat as lost: FAILED, or gone while still holding prefills
@@ -45,6 +48,7 @@ class InstanceView:
             ):
                 del self._lost_at_ms[instance_id]
         self._records = new_records
+        self._routable.clear()
         for instance_id in [i for i, led in self._ledgers.items() if i not in new_records and not led.num_outstanding]:
             del self._ledgers[instance_id]
         return lost
@@ -54,6 +58,7 @@ class InstanceView:
         death was detected outside the registry), stop routing to it until the registry catches up."""
         if is_ban:
             self._lost_at_ms[instance_id] = now_ms
+            self._routable.clear()
         ledger = self._ledgers.get(instance_id)
         return ledger.clear(now_ms) if ledger is not None else []
 
@@ -72,31 +77,31 @@ class InstanceView:
     def models(self) -> set[str]:
         return {r.model for r in self._records.values()}
 
-    def decode_instances(self, model: str) -> list[InstanceRecord]:
-        return sorted(
-            (
-                r
-                for r in self._records.values()
-                if r.model == model and r.role == InstanceRole.DECODE and self.is_routable(r.instance_id)
-            ),
-            key=lambda r: r.instance_id,
-        )
+    def decode_instances(self, model: str) -> tuple[InstanceRecord, ...]:
+        key = (model, "decode")
+        cached = self._routable.get(key)
+        if cached is None:
+            cached = self._routable[key] = tuple(sorted(
+                (r for r in self._records.values()
+                 if r.model == model and r.role == InstanceRole.DECODE and self.is_routable(r.instance_id)),
+                key=lambda r: r.instance_id))
+        return cached
 
-    def prefill_instances(self, model: str) -> list[InstanceRecord]:
+    def prefill_instances(self, model: str) -> tuple[InstanceRecord, ...]:
         """Routable instances that can take a new request's prefill, sorted by id. A PREFILL instance counts only
         while the model has a routable DECODE instance to hand its KV cache to."""
-        has_decode = bool(self.decode_instances(model))
-        return sorted(
-            (
-                r
-                for r in self._records.values()
-                if r.model == model
-                and r.role in _PREFILL_ROLES
-                and (r.role == InstanceRole.COLOCATED or has_decode)
-                and self.is_routable(r.instance_id)
-            ),
-            key=lambda r: r.instance_id,
-        )
+        key = (model, "prefill")
+        cached = self._routable.get(key)
+        if cached is None:
+            has_decode = bool(self.decode_instances(model))
+            cached = self._routable[key] = tuple(sorted(
+                (r for r in self._records.values()
+                 if r.model == model
+                 and r.role in _PREFILL_ROLES
+                 and (r.role == InstanceRole.COLOCATED or has_decode)
+                 and self.is_routable(r.instance_id)),
+                key=lambda r: r.instance_id))
+        return cached
 
     def ledger(self, instance_id: str) -> PrefillLedger:
         ledger = self._ledgers.get(instance_id)

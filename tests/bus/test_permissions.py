@@ -29,7 +29,10 @@ ALLOWED_PUBLISH = [
     ("gateway", "janus.req.demo"),
     ("dispatcher", "janus.worker.w1.run"),
     ("reconciler", "janus.worker.w1.cmd"),
+    ("reconciler", "janus.plan.action"),
+    ("reconciler", "janus.plan.status"),
     ("steady-planner", "janus.plan.steady"),
+    ("elastic-scaler", "janus.plan.elastic"),
     ("worker", "janus.telemetry.worker.w1"),
 ]
 FORBIDDEN_SUBSCRIBE = [
@@ -124,3 +127,60 @@ def test_every_service_has_a_user():
     from runtime.services import SERVICES
 
     assert set(SERVICES) <= set(SERVICE_PERMISSIONS)
+
+
+# where each service's code sends from (the service user that process runs as)
+SERVICE_SOURCES = {
+    "gateway": ["gateway"],
+    "dispatcher": ["dispatcher/service.py"],
+    "worker": ["worker"],
+    "oracle": ["oracle/service.py"],
+    "steady-planner": ["planner/steady_service.py"],
+    "elastic-scaler": ["planner/elastic_service.py"],
+    "reconciler": ["planner/reconciler_service.py"],
+}
+_SEND = r"\b(?:publish|request|publish_event|_audit)\((?:[\w.]+, )?subjects\.(\w+)"
+
+
+def _subjects_sent_from(paths: list[str]) -> set[str]:
+    """The concrete subject each `subjects.X` a service publishes or requests on stands for (token functions get
+    a placeholder token)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from contracts import subjects
+
+    root = Path(__file__).resolve().parents[2]
+    files = [f for p in paths for f in ((root / p).rglob("*.py") if (root / p).is_dir() else [root / p])]
+    out = set()
+    for f in files:
+        for name in re.findall(_SEND, f.read_text()):
+            attr = getattr(subjects, name)
+            out.add(attr(*["x"] * len(inspect.signature(attr).parameters)) if callable(attr) else attr)
+    return out
+
+
+def _nats_match(pattern: str, subject: str) -> bool:
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_SOURCES))
+def test_every_subject_a_service_sends_on_is_permitted_to_it(service):
+    sent = _subjects_sent_from(SERVICE_SOURCES[service])
+    allowed = SERVICE_PERMISSIONS[service].publish
+    refused = sorted(s for s in sent if not any(_nats_match(p, s) for p in allowed))
+    assert not refused, f"{service} sends on {refused}, which its NATS user may not publish to"
+
+
+def test_the_subject_scan_finds_what_it_should():
+    assert "janus.plan.status" in _subjects_sent_from(SERVICE_SOURCES["reconciler"])
+    assert "janus.cancel" in _subjects_sent_from(SERVICE_SOURCES["worker"])
+    assert _nats_match("janus.worker.*.cmd", "janus.worker.w1.cmd") and not _nats_match("janus.req.*", "janus.req")
+    assert _nats_match("janus.reply.>", "janus.reply.g.r") and not _nats_match("janus.reply.>", "janus.reply")

@@ -82,3 +82,48 @@ async def test_three_node_nats_cluster_loses_a_node(tmp_path, demo_models_dir):
         assert after["completed"] == 6
     finally:
         cluster.stop()
+
+
+async def test_planners_killed_and_restarted_resume_from_the_plan_stream(tmp_path, demo_models_dir):
+    from contracts import HealthReply, SteadyPlan, subjects
+    from planner.shell import last_plan
+
+    config = cluster_config(demo_models_dir, planner={"steady": {"period_s": 2.0}, "startup_delay_s": 0.5})
+    cluster = await start(tmp_path, config)
+    bus = await cluster.operator_bus()
+    try:
+        async def latest_steady() -> SteadyPlan | None:
+            return await last_plan(bus, subjects.PLAN_STEADY, SteadyPlan)
+
+        for _ in range(300):
+            if await latest_steady() is not None:
+                break
+            await asyncio.sleep(0.1)
+        running = asyncio.create_task(load(cluster.gateway_url, 8, {**LONG, "max_tokens": 80}, stagger_s=0.1))
+        await asyncio.sleep(1.0)
+        planners = {"steady-planner-0", "elastic-scaler-0", "reconciler-0"}
+        for name in planners:
+            kill9(cluster, name)
+        at_kill = await latest_steady()
+        assert at_kill is not None, "the steady planner published before it was killed"
+        assert set(cluster.restart_crashed()) == planners
+        await cluster.wait_healthy(120)
+        health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
+        assert at_kill.plan_id in health.detail["resumed"].split(","), "the new reconciler carries the last plan on"
+        summary = report("planners killed and restarted", await running)
+        # the data path does not depend on the planners: every stream completes, whole
+        assert summary["lost"] == 0 and summary["completed"] == summary["sent"]
+        # the restarted steady planner plans again, and the reconciler follows without failures
+        for _ in range(200):
+            plan = await latest_steady()
+            if plan is not None and plan.plan_id != at_kill.plan_id:
+                break
+            await asyncio.sleep(0.1)
+        assert plan.plan_id != at_kill.plan_id
+        health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
+        assert health.detail["failed_actions"] == "0" and health.detail["unaudited"] == "0"
+        after = report("after the planners' restart", await load(cluster.gateway_url, 4, {**LONG, "max_tokens": 20}))
+        assert after["completed"] == 4
+    finally:
+        await bus.close()
+        cluster.stop()

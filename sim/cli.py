@@ -1,0 +1,84 @@
+"""`janus sim`: replay a trace open-loop against Janus and its baselines on the simulated fleet, print the headline
+and ablation tables, write summary.json and the figure. The lead wires `main` into the `janus` console script."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .runner import SYSTEM_NAMES, ScenarioSpec, run_many
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="janus sim", description=__doc__)
+    p.add_argument("--trace", default="servegen", choices=["servegen", "azure", "mooncake", "arena"])
+    p.add_argument("--apps", type=int, default=62, help="servegen: number of apps (clients)")
+    p.add_argument("--requests", type=int, default=600_000, help="servegen: about this many requests")
+    p.add_argument("--duration-s", type=float, default=1800.0, help="servegen: compressed length of the trace")
+    p.add_argument("--compression", type=float, default=1.0, help="public traces: time compression factor")
+    p.add_argument("--window-s", type=float, default=None, help="replay only the first WINDOW_S seconds")
+    p.add_argument("--device", default="ascend-910c-die", choices=["ascend-910c-die", "nvidia-h200"])
+    p.add_argument("--devices", type=int, default=768, help="fleet size")
+    p.add_argument("--mix", default="default", choices=["default", "heavy", "full-range"],
+                   help="which models the apps run (by traffic rank; see sim/scenario.py)")
+    p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
+                   ", ".join(SYSTEM_NAMES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
+    p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")
+    p.add_argument("--out", default="artifacts/sim", help="folder for summary.json and figure.png")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .report import print_tables, write_outputs
+
+    args = build_parser().parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
+                        duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
+                        device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed)
+    console = Console() if Console().is_terminal else Console(width=170)
+    trace = spec.build_trace()
+    console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "
+                  f"{trace.duration_s:.0f} s of trace on {args.devices} x {args.device}; systems: "
+                  f"{', '.join(systems)}")
+    start = time.perf_counter()
+    plain_log = not console.is_terminal  # no live bar without a terminal: a line per 10 % instead
+    logged: dict[str, int] = {}
+
+    def log_progress(system: str, done: int, total: int) -> None:
+        step = int(10 * done / max(1, total))
+        if plain_log and step > logged.get(system, -1):
+            logged[system] = step
+            console.print(f"{system}: {done:,}/{total:,} requests replayed, {time.perf_counter() - start:.0f} s")
+
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        tasks = {s: progress.add_task(s, total=trace.num_requests) for s in systems}
+        results = run_many(spec, systems, processes=args.processes, bin_s=args.bin_s,
+                           on_progress=lambda s, i, n: (progress.update(tasks[s], completed=i),
+                                                        log_progress(s, i, n)))
+        for s in systems:
+            progress.update(tasks[s], completed=trace.num_requests)
+    wall_s = time.perf_counter() - start
+    from .runner import RunFailure
+
+    failures = [r for r in results if isinstance(r, RunFailure)]
+    for f in failures:
+        console.print(f"[red]{f.system} failed[/]:\n{f.error}")
+    results = [r for r in results if not isinstance(r, RunFailure)]
+    if not results:
+        return 1
+    print_tables(results, console)
+    meta = dict(vars(args), wall_s=wall_s, num_requests=trace.num_requests)
+    paths = write_outputs(results, Path(args.out), meta)
+    console.print(f"{wall_s:.0f} s in all; wrote " + ", ".join(str(p) for p in paths))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""The dispatch layer of the simulator: one `dispatcher.core.DispatcherCore` per model, driven on the virtual
+clock exactly as the dispatcher service drives it (requests, registry snapshots, prefill completions, decode
+backlogs from heartbeats, ticks at `next_wakeup_ms`), its effects carried out on the simulated instances.
+
+One core per model is a partitioned deployment (each model's queue lives in one dispatcher); it also keeps every
+core's registry view to its own model's instances, so a scheduling round costs what that model has, not the fleet."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from contracts import InstanceRecord, InstanceRole, InstanceStatus, ModelLoadWindow, ModelState, Pool
+from contracts import WorkerHeartbeat
+from dispatcher.core import Assign, DispatcherCore, DispatchPolicy, DispatchRequest, PublishLoad, Reject
+
+from .engine import Sim
+from .executor import SimInstance
+
+_ROLE = {"colocated": InstanceRole.COLOCATED, "prefill": InstanceRole.PREFILL, "decode": InstanceRole.DECODE}
+_POOL = {"steady": Pool.STEADY, "elastic": Pool.ELASTIC}
+HEARTBEAT_PERIOD_S = 0.5
+
+
+class SimPrefillTime:
+    """The dispatcher's p_j from the same roofline cost model the simulated devices run on (what the oracle would
+    answer for a model without a fitted profile)."""
+
+    def __init__(self, cost_by_model: dict[str, object]):
+        self._cost = cost_by_model
+        self._last_in = self._last_model = self._last_out = None
+
+    def predict_ms(self, instance: InstanceRecord, num_prompt_tokens: int) -> float:
+        return 1e3 * self._cost[instance.model].prefill_s(int(num_prompt_tokens))
+
+    def predict_many_ms(self, instance: InstanceRecord, num_prompt_tokens: np.ndarray) -> np.ndarray:
+        # a round asks once per instance with the same array: answer the repeats from the last result
+        if num_prompt_tokens is self._last_in and instance.model == self._last_model:
+            return self._last_out
+        out = 1e3 * self._cost[instance.model].prefill_s_many(num_prompt_tokens)
+        self._last_in, self._last_model, self._last_out = num_prompt_tokens, instance.model, out
+        return out
+
+
+class CoreDispatch:
+    """Implements engine.Dispatch over per-model dispatcher cores."""
+
+    def __init__(self, sim: Sim, app_names: tuple[str, ...], cost_by_app: list, policy: DispatchPolicy,
+                 recorder=None):
+        self.sim = sim
+        self.app_names = app_names
+        self.policy = policy
+        prefill_time = SimPrefillTime({app_names[a]: c for a, c in enumerate(cost_by_app)})
+        self.cores = [DispatcherCore(policy, prefill_time, dispatcher_id=f"sim-{a}") for a in range(len(app_names))]
+        if recorder is not None:
+            from .recording import RecordingDispatcher
+
+            self.cores = [RecordingDispatcher(c, recorder, app_names[a]) for a, c in enumerate(self.cores)]
+        self._wake_ms: list[float | None] = [None] * len(app_names)
+        self._last_tick_ms: list[float] = [float("-inf")] * len(app_names)
+        self.load_listeners: list[Callable[[float, ModelLoadWindow], None]] = []
+        self.num_rejected = 0
+        self.num_assigned = 0
+        self._records: dict[str, InstanceRecord] = {}
+        sim.dispatch = self
+        sim.every(HEARTBEAT_PERIOD_S, self._heartbeats)
+
+    # ------------------------------------------------------------------------------------------ engine.Dispatch
+    def on_arrival(self, request: int, now_s: float) -> None:
+        t = self.sim.table
+        app = t.app[request]
+        now_ms = now_s * 1e3
+        req = DispatchRequest(
+            request_id=str(request),
+            model=self.app_names[app],
+            num_prompt_tokens=t.input_tokens[request],
+            arrival_ms=now_ms,
+            ttft_deadline_ms=now_ms + t.ttft_slo_s[request] * 1e3,
+            expected_output_tokens=t.output_tokens[request],
+        )
+        self._apply(app, self.cores[app].on_request(now_ms, req), now_s)
+
+    def on_first_token(self, instance: SimInstance, request: int, now_s: float) -> None:
+        app = instance.app
+        now_ms = now_s * 1e3
+        self._apply(app, self.cores[app].on_prefill_done(now_ms, instance.instance_id, str(request), True, now_ms),
+                    now_s)
+
+    def on_instances_changed(self, app: int, now_s: float) -> None:
+        now_ms = now_s * 1e3
+        records = [self._record(inst, now_ms) for inst in self.sim.instances_by_app.get(app, ())
+                   if inst.is_ready or inst.is_draining]
+        self._apply(app, self.cores[app].on_instances(now_ms, records), now_s)
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _record(self, inst: SimInstance, now_ms: float) -> InstanceRecord:
+        key = f"{inst.instance_id}/{inst.is_ready}"
+        record = self._records.get(key)
+        if record is None:
+            record = InstanceRecord(
+                instance_id=inst.instance_id, model=self.app_names[inst.app], worker_id=inst.worker_id,
+                role=_ROLE[inst.role], pool=_POOL[inst.pool],
+                state=ModelState.ACTIVE if inst.is_ready else ModelState.DRAINING, is_ready=inst.is_ready,
+                max_num_seqs=inst.cost.max_num_seqs, updated_unix_ms=now_ms)
+            self._records[key] = record
+        return record
+
+    def _apply(self, app: int, effects: list, now_s: float) -> None:
+        sim = self.sim
+        for e in effects:
+            if isinstance(e, Assign):
+                inst = sim.instances.get(e.instance_id)
+                request = int(e.request_id)
+                if inst is None or inst.executor is None:
+                    sim.fail(request, now_s)
+                    continue
+                decode = sim.instances.get(e.decode_instance_id) if e.decode_instance_id else None
+                sim.assign(inst, request, now_s, decode)
+                self.num_assigned += 1
+            elif isinstance(e, Reject):
+                self.num_rejected += 1
+                sim.fail(int(e.request_id), now_s)
+            elif isinstance(e, PublishLoad):
+                for listener in self.load_listeners:
+                    listener(now_s, e.window)
+        self._rearm(app, now_s)
+
+    def _rearm(self, app: int, now_s: float) -> None:
+        wake_ms = self.cores[app].next_wakeup_ms()
+        if wake_ms is None:
+            return
+        # The core asked for a time in its own ms; keep that exact value for the tick (seconds -> ms rounding
+        # could land a hair before it, the round would not be due yet, and the core would ask again forever).
+        wake_ms = max(wake_ms, now_s * 1e3)
+        if wake_ms <= self._last_tick_ms[app]:
+            wake_ms = self._last_tick_ms[app] + 1e-3  # never two ticks at one instant: no zero-time loop
+        current = self._wake_ms[app]
+        if current is not None and current <= wake_ms and current >= now_s * 1e3:
+            return  # an earlier (or the same) tick is already due; it re-arms after running
+        self._wake_ms[app] = wake_ms
+        self.sim.at(wake_ms / 1e3, lambda t, a=app, w=wake_ms: self._tick(a, w, t))
+
+    def _tick(self, app: int, wake_ms: float, now_s: float) -> None:
+        if self._wake_ms[app] != wake_ms:
+            return  # superseded by an earlier wakeup
+        self._wake_ms[app] = None
+        tick_ms = max(wake_ms, now_s * 1e3)
+        self._last_tick_ms[app] = tick_ms
+        self._apply(app, self.cores[app].on_tick(tick_ms), now_s)
+
+    def _heartbeats(self, now_s: float) -> None:
+        """Decode instances report their backlog (waiting + running) as the worker heartbeat carries it; built with
+        model_construct: these are the simulator's own, already-valid values."""
+        now_ms = now_s * 1e3
+        for app, insts in self.sim.instances_by_app.items():
+            statuses = [InstanceStatus.model_construct(
+                instance_id=i.instance_id, model=self.app_names[app], role=InstanceRole.DECODE, pool=_POOL[i.pool],
+                state=ModelState.ACTIVE, num_waiting=len(i.waiting), num_running=i.batch)
+                for i in insts if i.role == "decode" and i.is_ready]
+            if statuses:
+                hb = WorkerHeartbeat.model_construct(worker_id=f"sim-{app}", seq=0, sent_unix_ms=now_ms,
+                                                     instances=tuple(statuses))
+                self.cores[app].on_heartbeat(now_ms, hb)

@@ -1,0 +1,310 @@
+"""Recording of core inputs and decisions, and their replay: the seam for "the simulator and the live system make
+the same decisions on a recorded scenario".
+
+Format: JSON lines. The first line is a header {"kind": "janus-recording", "version": 1, "config": {...}} with what
+rebuilding the cores needs (dispatch policy, prefill-time model, planner policies). Every other line is one call
+into a core, in the order it was made:
+
+    {"seq": n, "core": "dispatcher/<model>" | "steady" | "elastic" | "oracle",
+     "call": "<method>", "args": {...}, "decision": {...}}
+
+- dispatcher calls: on_request(now_ms, request), on_instances(now_ms, records), on_prefill_done(now_ms,
+  instance_id, request_id, ok, first_token_ms), on_heartbeat(now_ms, heartbeat), on_tick(now_ms); the decision is
+  the list of effects reduced to what routing decided: assign (request, instance, decode instance, late) and
+  reject (request, code). Load windows published are inputs of the planners, recorded there.
+- planner calls: observe(window), plan(now_ms, models, worker_ids, trigger) with the plan's bins and pools as its
+  decision, tick(now_ms, elastic_models, budget_devices) with its targets.
+- oracle replies are recorded as inputs of the planners ("oracle" lines carry query and reply), so a replay does not
+  depend on a fitted model: it answers from the recording in order.
+
+The live services record the same lines (each shell wraps its core with `RecordingDispatcher` /
+`RecordingPlanner` and its oracle client with `RecordingOracle`); `replay` feeds any recording to fresh cores and
+reports every decision that differs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from contracts import (CapacityQuery, CapacityReply, ElasticityQuery, ElasticityReply, InstanceRecord,
+                       ModelLoadWindow, WorkerHeartbeat)
+from dispatcher.core import Assign, DispatchPolicy, DispatchRequest, Reject
+
+VERSION = 1
+
+
+class Recorder:
+    """Collects lines in memory; `write` saves them."""
+
+    def __init__(self, config: dict):
+        self.header = {"kind": "janus-recording", "version": VERSION, "config": config}
+        self.lines: list[dict] = []
+
+    def add(self, core: str, call: str, args: dict, decision: Any = None) -> None:
+        self.lines.append({"seq": len(self.lines), "core": core, "call": call, "args": args, "decision": decision})
+
+    def write(self, path: Path) -> None:
+        with open(path, "w") as handle:
+            handle.write(json.dumps(self.header) + "\n")
+            for line in self.lines:
+                handle.write(json.dumps(line) + "\n")
+
+
+def read(path: Path) -> tuple[dict, list[dict]]:
+    with open(path) as handle:
+        header = json.loads(handle.readline())
+        if header.get("kind") != "janus-recording" or header.get("version") != VERSION:
+            raise ValueError(f"{path}: not a janus recording of version {VERSION}")
+        return header, [json.loads(line) for line in handle if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+def routing_decisions(effects) -> list[list]:
+    out = []
+    for e in effects:
+        if isinstance(e, Assign):
+            out.append(["assign", e.request_id, e.instance_id, e.decode_instance_id, e.is_late])
+        elif isinstance(e, Reject):
+            out.append(["reject", e.request_id, e.code.value])
+    return out
+
+
+def steady_decision(plan) -> dict:
+    return {"bins": {b.worker_id: list(b.models) for b in plan.bins}, "steady": list(plan.steady_models),
+            "elastic": list(plan.elastic_models)}
+
+
+def elastic_decision(plan) -> dict:
+    return {t.model: [t.num_prefill, t.num_decode] for t in plan.targets}
+
+
+def _request_args(request: DispatchRequest) -> dict:
+    d = dataclasses.asdict(request)
+    d.pop("source", None)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- wrappers
+class RecordingDispatcher:
+    """Wraps a DispatcherCore: same methods, each call and its routing decisions recorded."""
+
+    def __init__(self, core, recorder: Recorder, name: str):
+        self.core = core
+        self.recorder = recorder
+        self.name = f"dispatcher/{name}"
+
+    def __getattr__(self, attr):
+        return getattr(self.core, attr)
+
+    def on_request(self, now_ms: float, request: DispatchRequest):
+        effects = self.core.on_request(now_ms, request)
+        self.recorder.add(self.name, "on_request", {"now_ms": now_ms, "request": _request_args(request)},
+                          routing_decisions(effects))
+        return effects
+
+    def on_instances(self, now_ms: float, records):
+        records = list(records)
+        effects = self.core.on_instances(now_ms, records)
+        self.recorder.add(self.name, "on_instances",
+                          {"now_ms": now_ms, "records": [r.model_dump(mode="json") for r in records]},
+                          routing_decisions(effects))
+        return effects
+
+    def on_prefill_done(self, now_ms: float, instance_id: str, request_id: str, ok: bool = True,
+                        first_token_ms: float | None = None):
+        effects = self.core.on_prefill_done(now_ms, instance_id, request_id, ok, first_token_ms)
+        self.recorder.add(self.name, "on_prefill_done",
+                          {"now_ms": now_ms, "instance_id": instance_id, "request_id": request_id, "ok": ok,
+                           "first_token_ms": first_token_ms}, routing_decisions(effects))
+        return effects
+
+    def on_heartbeat(self, now_ms: float, heartbeat: WorkerHeartbeat):
+        effects = self.core.on_heartbeat(now_ms, heartbeat)
+        self.recorder.add(self.name, "on_heartbeat", {"now_ms": now_ms, "heartbeat": _heartbeat_args(heartbeat)},
+                          routing_decisions(effects))
+        return effects
+
+    def on_tick(self, now_ms: float):
+        effects = self.core.on_tick(now_ms)
+        self.recorder.add(self.name, "on_tick", {"now_ms": now_ms}, routing_decisions(effects))
+        return effects
+
+
+def _heartbeat_args(hb: WorkerHeartbeat) -> dict:
+    # only what decode routing reads (the simulator builds partial heartbeats with model_construct)
+    return {"worker_id": hb.worker_id, "sent_unix_ms": hb.sent_unix_ms,
+            "instances": [{"instance_id": s.instance_id, "model": s.model, "role": s.role.value,
+                           "pool": s.pool.value, "state": s.state.value, "num_waiting": s.num_waiting,
+                           "num_running": s.num_running} for s in hb.instances]}
+
+
+class RecordingOracle:
+    """Wraps an OracleLike: every query and reply recorded (replies are inputs of the planners)."""
+
+    def __init__(self, oracle, recorder: Recorder):
+        self.oracle = oracle
+        self.recorder = recorder
+
+    def capacity(self, query: CapacityQuery) -> CapacityReply:
+        reply = self.oracle.capacity(query)
+        self.recorder.add("oracle", "capacity", {"query": query.model_dump(mode="json"),
+                                                 "reply": reply.model_dump(mode="json")})
+        return reply
+
+    def elasticity(self, query: ElasticityQuery) -> ElasticityReply:
+        reply = self.oracle.elasticity(query)
+        self.recorder.add("oracle", "elasticity", {"query": query.model_dump(mode="json"),
+                                                   "reply": reply.model_dump(mode="json")})
+        return reply
+
+
+class RecordingPlanner:
+    """Wraps a SteadyPlanner ("steady") or an ElasticScaler ("elastic")."""
+
+    def __init__(self, planner, recorder: Recorder, kind: str):
+        if kind not in ("steady", "elastic"):
+            raise ValueError("kind is steady or elastic")
+        self.planner = planner
+        self.recorder = recorder
+        self.kind = kind
+
+    def __getattr__(self, attr):
+        return getattr(self.planner, attr)
+
+    def observe(self, window: ModelLoadWindow) -> None:
+        self.planner.observe(window)
+        self.recorder.add(self.kind, "observe", {"window": window.model_dump(mode="json")})
+
+    def plan(self, now_ms: float, models, worker_ids, trigger: str = "periodic"):
+        decision = self.planner.plan(now_ms, models, worker_ids, trigger)
+        self.recorder.add("steady", "plan", {"now_ms": now_ms, "models": list(models),
+                                             "worker_ids": list(worker_ids), "trigger": trigger},
+                          steady_decision(decision.plan))
+        return decision
+
+    def tick(self, now_ms: float, elastic_models, budget_devices: int):
+        decision = self.planner.tick(now_ms, elastic_models, budget_devices)
+        self.recorder.add("elastic", "tick", {"now_ms": now_ms, "models": list(elastic_models),
+                                              "budget_devices": budget_devices}, elastic_decision(decision.plan))
+        return decision
+
+
+# ---------------------------------------------------------------------------------------------- replay
+class ReplayOracle:
+    """Answers the planners from the recorded replies, in order; a query that differs from the recorded one is
+    itself a divergence."""
+
+    def __init__(self, lines: list[dict]):
+        self._queue = deque(line for line in lines if line["core"] == "oracle")
+        self.mismatches: list[str] = []
+
+    def _next(self, call: str, query) -> dict:
+        if not self._queue:
+            raise LookupError(f"replay asked the oracle for {call} beyond the recording")
+        line = self._queue.popleft()
+        if line["call"] != call or line["args"]["query"] != query.model_dump(mode="json"):
+            self.mismatches.append(f"oracle #{line['seq']}: {call} query differs from the recording")
+        return line["args"]["reply"]
+
+    def capacity(self, query: CapacityQuery) -> CapacityReply:
+        return CapacityReply.model_validate(self._next("capacity", query))
+
+    def elasticity(self, query: ElasticityQuery) -> ElasticityReply:
+        return ElasticityReply.model_validate(self._next("elasticity", query))
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    num_calls: int
+    num_decisions: int
+    mismatches: list[str]
+
+    @property
+    def is_identical(self) -> bool:
+        return not self.mismatches
+
+
+def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
+    """Feed every recorded input to fresh cores built from the header; compare each decision with the recorded
+    one. `prefill_time`: the dispatcher's PrefillTimeModel (default: rebuilt from the header)."""
+    from dispatcher.core import DispatcherCore
+    from planner.core import ElasticPolicy, ElasticScaler, PoolPolicy, SteadyPlanner, SteadyPolicy
+
+    config = header["config"]
+    policy = DispatchPolicy.model_validate(config["dispatch_policy"])
+    prefill_time = prefill_time or prefill_time_from_config(config["prefill_time"])
+    oracle = ReplayOracle(lines)
+    steady = SteadyPlanner(oracle, SteadyPolicy.model_validate(config.get("steady_policy", {})),
+                           PoolPolicy.model_validate(config.get("pool_policy", {})))
+    scaler = ElasticScaler(oracle, ElasticPolicy.model_validate(config.get("elastic_policy", {})))
+    cores: dict[str, DispatcherCore] = {}
+    mismatches: list[str] = []
+    num_decisions = 0
+    for line in lines:
+        core, call, args = line["core"], line["call"], line["args"]
+        got: Any = None
+        if core.startswith("dispatcher/"):
+            d = cores.setdefault(core, DispatcherCore(policy, prefill_time, dispatcher_id=core))
+            if call == "on_request":
+                got = routing_decisions(d.on_request(args["now_ms"], DispatchRequest(**args["request"])))
+            elif call == "on_instances":
+                records = [InstanceRecord.model_validate(r) for r in args["records"]]
+                got = routing_decisions(d.on_instances(args["now_ms"], records))
+            elif call == "on_prefill_done":
+                got = routing_decisions(d.on_prefill_done(args["now_ms"], args["instance_id"], args["request_id"],
+                                                          args["ok"], args["first_token_ms"]))
+            elif call == "on_heartbeat":
+                got = routing_decisions(d.on_heartbeat(args["now_ms"], _heartbeat(args["heartbeat"])))
+            elif call == "on_tick":
+                got = routing_decisions(d.on_tick(args["now_ms"]))
+            else:
+                raise ValueError(f"line {line['seq']}: unknown dispatcher call {call!r}")
+        elif core in ("steady", "elastic") and call == "observe":
+            (steady if core == "steady" else scaler).observe(ModelLoadWindow.model_validate(args["window"]))
+            continue
+        elif core == "steady" and call == "plan":
+            got = steady_decision(steady.plan(args["now_ms"], args["models"], args["worker_ids"],
+                                              args["trigger"]).plan)
+        elif core == "elastic" and call == "tick":
+            got = elastic_decision(scaler.tick(args["now_ms"], args["models"], args["budget_devices"]).plan)
+        elif core == "oracle":
+            continue
+        else:
+            raise ValueError(f"line {line['seq']}: unknown core/call {core}/{call}")
+        num_decisions += 1
+        if got != line["decision"]:
+            mismatches.append(f"#{line['seq']} {core}.{call}: recorded {line['decision']!r}, replayed {got!r}")
+    return ReplayReport(len(lines), num_decisions, mismatches + oracle.mismatches)
+
+
+def _heartbeat(args: dict) -> WorkerHeartbeat:
+    from contracts import InstanceRole, InstanceStatus, ModelState, Pool
+
+    statuses = tuple(InstanceStatus.model_construct(
+        instance_id=s["instance_id"], model=s["model"], role=InstanceRole(s["role"]), pool=Pool(s["pool"]),
+        state=ModelState(s["state"]), num_waiting=s["num_waiting"], num_running=s["num_running"])
+        for s in args["instances"])
+    return WorkerHeartbeat.model_construct(worker_id=args["worker_id"], seq=0, sent_unix_ms=args["sent_unix_ms"],
+                                           instances=statuses)
+
+
+def prefill_time_from_config(config: dict):
+    """The dispatcher's prefill-time model from a recording header: "roofline" (the simulator's: device, and per
+    model its shape and tp) or "throughput" (the service's ThroughputPrefillModel arguments)."""
+    from dispatcher.core import ThroughputPrefillModel
+
+    if config["kind"] == "throughput":
+        return ThroughputPrefillModel(config["default_tokens_per_s"], overhead_ms=config.get("overhead_ms", 0.0),
+                                      tokens_per_s_by_model=config.get("tokens_per_s_by_model"))
+    if config["kind"] == "roofline":
+        from oracle.specs import device, model_shape
+
+        from .costmodel import step_cost
+        from .dispatch import SimPrefillTime
+
+        dev = device(config["device"])
+        return SimPrefillTime({name: step_cost(dev, model_shape(m["shape"]), m["tp"])
+                               for name, m in config["models"].items()})
+    raise ValueError(f"unknown prefill-time model {config['kind']!r}")

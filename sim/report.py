@@ -1,0 +1,102 @@
+"""The headline table, the ablation table and the figure (load, goodput, active devices, attainment over time;
+one line per system), from `runner.SystemResult`s."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .runner import SystemResult
+
+ABLATION = ("janus", "elastic-only", "steady-only")
+
+
+def headline_rows(results: list[SystemResult], baseline: str = "static") -> list[dict]:
+    base = next((r for r in results if r.system == baseline), None)
+    rows = []
+    for r in results:
+        s = r.summary
+        rows.append({
+            "system": r.system,
+            "token_attainment": s.token_attainment,
+            "ttft_attainment": s.ttft_attainment,
+            "tpot_attainment": s.tpot_attainment,
+            "goodput_tps": s.goodput_tps,
+            "device_hours": s.device_hours,
+            "device_hours_vs_static": (s.device_hours / base.summary.device_hours
+                                       if base is not None and base.summary.device_hours > 0 else float("nan")),
+            "mean_active_devices": s.mean_active_devices,
+            "worst_app": s.worst_app,
+            "worst_app_attainment": s.worst_app_token_attainment,
+            "num_failed": s.num_failed,
+            "wall_s": r.wall_s,
+            "cpu_s": r.cpu_s,
+        })
+    return rows
+
+
+def print_tables(results: list[SystemResult], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="token-level SLO attainment and device-hours (same trace, same fleet)")
+    for col in ("system", "token att.", "TTFT att.", "TPOT att.", "goodput tok/s", "device-h", "vs static",
+                "mean devices", "worst app (att.)", "failed", "sim wall s"):
+        table.add_column(col, justify="right" if col not in ("system", "worst app (att.)") else "left")
+    for row in headline_rows(results):
+        table.add_row(row["system"], f"{row['token_attainment']:.4f}", f"{row['ttft_attainment']:.4f}",
+                      f"{row['tpot_attainment']:.4f}", f"{row['goodput_tps']:,.0f}", f"{row['device_hours']:.1f}",
+                      f"{row['device_hours_vs_static']:.2f}", f"{row['mean_active_devices']:.0f}",
+                      f"{row['worst_app']} ({row['worst_app_attainment']:.3f})", str(row["num_failed"]),
+                      f"{row['wall_s']:.0f}")
+    console.print(table)
+    present = [r for r in results if r.system in ABLATION]
+    if len(present) > 1:
+        ab = Table(title="ablation (paper: both pools 97.8 %, elastic only 59.0 %, steady only 37.1 %)")
+        for col in ("pools", "token att.", "device-h"):
+            ab.add_column(col)
+        names = {"janus": "both", "elastic-only": "elastic only", "steady-only": "steady only"}
+        for r in sorted(present, key=lambda r: ABLATION.index(r.system)):
+            ab.add_row(names[r.system], f"{100 * r.summary.token_attainment:.1f} %", f"{r.summary.device_hours:.1f}")
+        console.print(ab)
+
+
+def write_outputs(results: list[SystemResult], out_dir: Path, meta: dict | None = None) -> list[Path]:
+    """summary.json and figure.png (plus ablation.png when the ablation systems ran)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = headline_rows(results)
+    (out_dir / "summary.json").write_text(json.dumps({"meta": meta or {}, "systems": rows}, indent=2,
+                                                     default=float))
+    paths = [out_dir / "summary.json", plot_timeseries(results, out_dir / "figure.png")]
+    return paths
+
+
+def plot_timeseries(results: list[SystemResult], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(11, 11), sharex=True)
+    first = results[0].series
+    axes[0].plot(first.bin_start_s / 60, first.load_rps, color="black", lw=1)
+    axes[0].set_ylabel("load (req/s)")
+    for r in results:
+        s = r.series
+        axes[1].plot(s.bin_start_s / 60, s.goodput_tps, lw=1, label=r.system)
+        axes[2].plot(s.bin_start_s / 60, s.active_devices, lw=1, label=r.system)
+        axes[3].plot(s.bin_start_s / 60, s.token_attainment, lw=1, label=r.system)
+    axes[1].set_ylabel("goodput (on-time tok/s)")
+    axes[2].set_ylabel("active devices")
+    axes[3].set_ylabel("token attainment")
+    axes[3].set_ylim(max(0.0, np.nanmin([np.nanmin(r.series.token_attainment) for r in results]) - 0.02), 1.005)
+    axes[3].set_xlabel("time (min, compressed)")
+    axes[1].legend(loc="upper right", fontsize=8, ncol=3)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,147 @@
+"""Runs several systems on one scenario, in parallel processes, and gathers what the report needs."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .metrics import Summary, TimeSeries, time_series
+from .public_traces import load_public
+from .scenario import build_scenario
+from .servegen import servegen_trace
+from .systems.base import ControlPlane, SystemRun
+from .trace import Trace
+
+
+def _systems() -> dict[str, Callable[[], ControlPlane]]:
+    from .systems.baselines import BlitzScaleLike, PrismLike
+    from .systems.janus import JanusControl
+    from .systems.static import StaticPartition
+
+    return {
+        "janus": lambda: JanusControl("both"),
+        "static": lambda: StaticPartition(),
+        "prism-like": lambda: PrismLike(),
+        "blitzscale-like": lambda: BlitzScaleLike(),
+        "steady-only": lambda: JanusControl("steady_only"),
+        "elastic-only": lambda: JanusControl("elastic_only"),
+    }
+
+
+SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """Everything a worker process needs to rebuild the same scenario (cheap: ~1 s for the headline trace)."""
+
+    trace: str = "servegen"
+    num_apps: int = 62
+    num_requests: int = 600_000
+    duration_s: float = 1800.0
+    compression: float = 1.0  # public traces: time compression
+    window_s: float | None = None  # replay only the first window_s of the trace
+    device: str = "ascend-910c-die"
+    num_devices: int = 768
+    mix: str = "default"  # scenario.TIER_PRESETS
+    seed: int = 0
+
+    def build_trace(self) -> Trace:
+        if self.trace == "servegen":
+            trace = servegen_trace(num_apps=self.num_apps, duration_s=self.duration_s,
+                                   num_requests=self.num_requests, seed=self.seed)
+        else:
+            trace = load_public(self.trace)
+            if self.compression != 1.0:
+                trace = trace.compressed(self.compression)
+        if self.window_s is not None:
+            trace = trace.window(0.0, self.window_s)
+        return trace
+
+    def build(self):
+        from .scenario import TIER_PRESETS
+
+        if self.mix not in TIER_PRESETS:
+            raise ValueError(f"unknown model mix {self.mix!r}; known: {sorted(TIER_PRESETS)}")
+        return build_scenario(self.build_trace(), device_name=self.device, num_devices=self.num_devices,
+                              seed=self.seed, tiers=TIER_PRESETS[self.mix])
+
+
+@dataclass
+class SystemResult:
+    """What comes back from a worker: picklable, compact."""
+
+    system: str
+    summary: Summary
+    series: TimeSeries
+    per_app_attainment: np.ndarray
+    wall_s: float
+    cpu_s: float
+    counters: dict = field(default_factory=dict)
+    device_time_s: list = field(default_factory=list)
+    device_counts: list = field(default_factory=list)
+
+
+def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
+            progress: Callable[[str, int, int], None] | None = None) -> SystemResult:
+    from .metrics import per_app_token_attainment
+
+    scenario = spec.build()
+    control = _systems()[system]()
+    run = SystemRun(scenario, control)
+    n = scenario.trace.num_requests
+    cpu0 = time.process_time()
+    result = run.run(progress=(lambda i: progress(system, i, n)) if progress else None)
+    cpu_s = time.process_time() - cpu0
+    trace = scenario.trace
+    series = time_series(trace, result.outcomes, bin_s, result.devices.time_s, result.devices.count)
+    per_app = per_app_token_attainment(trace.app_ids, trace.output_tokens, result.outcomes, trace.num_apps)
+    return SystemResult(system, result.summary, series, per_app, result.wall_s, cpu_s, result.counters,
+                        list(result.devices.time_s), list(result.devices.count))
+
+
+def _worker(args):
+    """One system in a worker process; an exception becomes the result (the other systems still report)."""
+    import traceback
+
+    spec, system, bin_s, queue = args
+    try:
+        return run_one(spec, system, bin_s, (lambda s, i, n: queue.put((s, i, n))) if queue is not None else None)
+    except Exception:
+        return RunFailure(system, traceback.format_exc())
+
+
+@dataclass
+class RunFailure:
+    system: str
+    error: str
+
+
+def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: float = 10.0,
+             on_progress: Callable[[str, int, int], None] | None = None) -> list["SystemResult | RunFailure"]:
+    """Every system on the same scenario; `processes` at a time (fork: children share the parent's imports, and
+    a fresh child per system keeps one system's memory from the next). A system that raised comes back as a
+    RunFailure with its traceback."""
+    unknown = [s for s in systems if s not in _systems()]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; known: {sorted(_systems())}")
+    if processes <= 1:
+        return [_worker((spec, s, bin_s, None)) if on_progress is None else run_one(spec, s, bin_s, on_progress)
+                for s in systems]
+    ctx = mp.get_context("fork")
+    manager = ctx.Manager()
+    queue = manager.Queue()
+    with ctx.Pool(processes=min(processes, len(systems)), maxtasksperchild=1) as pool:
+        pending = pool.map_async(_worker, [(spec, s, bin_s, queue) for s in systems], chunksize=1)
+        while not pending.ready():
+            pending.wait(0.2)
+            while not queue.empty():
+                s, i, n = queue.get()
+                if on_progress:
+                    on_progress(s, i, n)
+        results = pending.get()
+    manager.shutdown()
+    return results

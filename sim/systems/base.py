@@ -1,0 +1,152 @@
+"""What every simulated system shares: the engine, the dispatch layer, the lifecycle's load paths, the initial
+load snapshot, and the result of a run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from contracts import ModelLoadWindow
+from dispatcher.core import Algorithm, DispatchPolicy
+
+from ..dispatch import CoreDispatch
+from ..engine import DeviceLog, Sim
+from ..executor import SimInstance
+from ..metrics import Outcomes, Summary, summarise
+from ..requests import RequestTable
+from ..scenario import Scenario
+
+VERIFY_S = 0.05  # per-segment checksums and one canary step after a restore or fork, before the instance is ready
+
+
+@dataclass
+class RunResult:
+    system: str
+    outcomes: Outcomes
+    devices: DeviceLog
+    summary: Summary
+    wall_s: float
+    num_events: int
+    counters: dict = field(default_factory=dict)
+
+
+class ControlPlane:
+    """A system's policy side. Subclasses place instances at start and react to load windows and timers."""
+
+    name = "base"
+    algorithm = Algorithm.LST_IMH
+    uses_load_windows = True  # False: the dispatcher cores need not publish (nobody listens)
+
+    def install(self, run: "SystemRun") -> None:
+        raise NotImplementedError
+
+    def dispatch_policy(self) -> DispatchPolicy:
+        """The dispatcher core's knobs for this system (its algorithm; the paper's defaults otherwise)."""
+        return DispatchPolicy(algorithm=self.algorithm)
+
+    def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
+        """Every load window the dispatcher cores publish (every 0.5 s per model)."""
+
+
+class SystemRun:
+    """One system on one scenario: build, run, summarise."""
+
+    def __init__(self, scenario: Scenario, control: ControlPlane, dispatch_policy: DispatchPolicy | None = None,
+                 record: bool = False):
+        self.scenario = scenario
+        self.control = control
+        trace = scenario.trace
+        self.table = RequestTable(trace, scenario.ttft_slo_s, scenario.tpot_slo_s)
+        dev = scenario.device
+        usable_hbm = dev.hbm_bytes * scenario.efficiency.memory_utilization
+        self.sim = Sim(self.table, scenario.num_devices, usable_hbm, dev.d2d_bytes_per_s)
+        self.costs = [scenario.cost(a) for a in range(trace.num_apps)]
+        policy = dispatch_policy or control.dispatch_policy()
+        if not control.uses_load_windows:
+            policy = policy.model_copy(update={"publish_period_ms": 1e12})
+        self.recorder = None
+        if record:
+            from ..recording import Recorder
+
+            self.recorder = Recorder({
+                "dispatch_policy": policy.model_dump(mode="json"),
+                "prefill_time": {"kind": "roofline", "device": dev.name,
+                                 "models": {a.name: {"shape": a.shape_name, "tp": a.tp} for a in scenario.apps}},
+                "system": control.name,
+            })
+        self.dispatch = CoreDispatch(self.sim, trace.app_names, self.costs, policy, self.recorder)
+        self.dispatch.load_listeners.append(control.on_load)
+        self.warm: set[tuple[int, int]] = set()  # (device, app): weights kept in that host's pinned memory
+        self.counters: dict[str, int] = {"fork": 0, "warm_copy": 0, "cold_load": 0, "preloaded": 0, "drained": 0}
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def load_path(self, app: int, device_ids: tuple[int, ...]) -> tuple[str, float]:
+        """The fastest way to bring `app` onto `device_ids` (DESIGN.md, Lifecycle): fork from a live replica over
+        the device link, else a warm copy from this host's pinned memory, else a cold load from disk. Then verify."""
+        times = self.costs[app].load_times()
+        if any(i.is_ready for i in self.sim.instances_by_app.get(app, ())):
+            return "fork", times.d2d_s + VERIFY_S
+        if all((d, app) in self.warm for d in device_ids):
+            return "warm_copy", times.h2d_s + VERIFY_S
+        return "cold_load", times.disk_s + VERIFY_S
+
+    def launch(self, app: int, role: str, pool: str, device_ids: tuple[int, ...], now_s: float,
+               preloaded: bool = False) -> SimInstance:
+        if preloaded:
+            via, load_s = "preloaded", 0.0
+        else:
+            via, load_s = self.load_path(app, device_ids)
+        self.counters[via] += 1
+        return self.sim.launch(app, role, pool, tuple(device_ids), self.costs[app], load_s, via, now_s)
+
+    def retire(self, inst: SimInstance, now_s: float, keep_warm: bool = True) -> None:
+        """Drain, then release; the weights stay warm in host memory (elastic removal) unless told otherwise."""
+        if keep_warm and inst.executor is not None:
+            for d in inst.executor.device_ids:
+                self.warm.add((d, inst.app))
+        self.counters["drained"] += 1
+        self.sim.drain(inst, now_s)
+
+    def take_devices(self, num: int, exclude: set[int] | None = None) -> list[int] | None:
+        """`num` free devices (lowest ids first, so groups stay contiguous), or None."""
+        free = [d for d in self.sim.free_device_ids() if not exclude or d not in exclude]
+        return free[:num] if len(free) >= num else None
+
+    # ------------------------------------------------------------------------------------------- run
+    def run(self, progress: Callable[[int], None] | None = None) -> RunResult:
+        start = time.perf_counter()
+        self.control.install(self)
+        self.sim.run(progress=progress)
+        wall_s = time.perf_counter() - start
+        out = self.table.outcomes()
+        log = self.sim.devices_log
+        summary = summarise(self.scenario.trace, out, self.scenario.ttft_slo_s[self.scenario.trace.app_ids],
+                            self.scenario.tpot_slo_s[self.scenario.trace.app_ids], log.time_s, log.count)
+        counters = dict(self.counters, rejected=self.dispatch.num_rejected, events=self.sim.num_events)
+        return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters)
+
+
+def initial_features(scenario: Scenario, window_s: float = 30.0):
+    """Per app, the load over the first `window_s` of the trace: what a system that had been running would know at
+    t = 0 (every system starts from the same knowledge)."""
+    from ..scenario import window_features
+
+    return [window_features(scenario.trace, a, 0.0, window_s) for a in range(scenario.trace.num_apps)]
+
+
+def largest_remainder_alloc(weights: np.ndarray, total: int, minimum: np.ndarray) -> np.ndarray:
+    """Integer shares of `total` proportional to `weights`, each at least `minimum` (largest-remainder rounding)."""
+    minimum = np.asarray(minimum, dtype=np.int64)
+    if minimum.sum() > total:
+        raise ValueError(f"minimum shares ({minimum.sum()}) exceed the total ({total})")
+    spare = total - minimum.sum()
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
+    exact = w * spare
+    base = np.floor(exact).astype(np.int64)
+    left = spare - base.sum()
+    order = np.argsort(-(exact - base), kind="stable")
+    base[order[:left]] += 1
+    return minimum + base

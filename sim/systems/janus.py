@@ -1,0 +1,168 @@
+"""Janus on the simulator: the steady planner every 30 s, the elastic scaler every 0.5 s, the dispatcher's LST-IMH,
+lifecycle load paths; and its two ablations (steady pool only, elastic pool only). The planner and oracle cores are
+the project's own (planner.core, oracle.core); plans are carried out by systems.pools."""
+from __future__ import annotations
+
+from contracts import LoadFeatures, ModelLoadWindow
+from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
+from oracle.core.oracle import ModelProfile, Oracle
+from planner.core import ElasticPolicy, ElasticScaler, PoolPolicy, SteadyPlanner, SteadyPolicy
+from planner.core import scale_to_budget, split_prefill_decode
+
+from ..oracle_cache import CachedOracle
+from .base import ControlPlane, SystemRun, initial_features
+from .pools import PoolManager
+
+UNBOUNDED_BUDGET = 1_000_000
+
+
+def make_oracle(run: SystemRun, need_rel_std: float = 0.25, attainment_std: float = 0.005) -> Oracle:
+    """The project's Oracle with a roofline profile per app (no fitted GP: the simulated devices run the same
+    roofline, so its spread is small; `attainment_std` covers the queueing model's error)."""
+    profiles = {}
+    for app, spec in enumerate(run.scenario.apps):
+        profiles[spec.name] = ModelProfile(run.costs[app].roofline, spec.ttft_slo_s * 1e3, spec.tpot_slo_s * 1e3,
+                                           roofline_need_rel_std=need_rel_std,
+                                           roofline_attainment_std=attainment_std)
+    return Oracle(profiles)
+
+
+def window_of(name: str, features: LoadFeatures, window_s: float, now_ms: float) -> ModelLoadWindow:
+    tokens = features.input_len_mean + features.output_len_mean
+    rate = features.token_rate_tps / tokens if tokens > 0 else 0.0
+    return ModelLoadWindow(model=name, window_s=window_s, end_unix_ms=now_ms, num_requests=int(round(rate * window_s)),
+                           request_rate_rps=rate, features=features)
+
+
+class JanusControl(ControlPlane):
+    """Steady pool + elastic pool. `mode`: "both" (Janus), "steady_only" (no elastic fast path: models the pool
+    assigner would isolate get their replicas sized only at the steady period), "elastic_only" (every model in the
+    elastic pool)."""
+
+    algorithm = Algorithm.LST_IMH
+
+    def __init__(self, mode: str = "both", steady_period_s: float = 30.0, elastic_period_s: float = 0.5,
+                 elastic_policy: ElasticPolicy | None = None, steady_policy: SteadyPolicy | None = None,
+                 pool_policy: PoolPolicy | None = None, name: str | None = None, keepalive_s: float = 60.0):
+        if mode not in ("both", "steady_only", "elastic_only"):
+            raise ValueError(f"unknown mode {mode!r}")
+        self.mode = mode
+        self.name = name or {"both": "janus", "steady_only": "steady-only", "elastic_only": "elastic-only"}[mode]
+        self.steady_period_s = steady_period_s
+        self.elastic_period_s = steady_period_s if mode == "steady_only" else elastic_period_s
+        # Two knobs differ from the scaler's defaults, both measured on the headline scenario (docs/sim.md):
+        # the replica cap (64) is below what the busiest model of a 768-device fleet needs at a burst, and
+        # decode_token_cost_ratio = 2 starves prefill: on these models a decode token at the batch sizes the
+        # scaler's replica counts give costs about half a prefill token (roofline step times), so 0.5.
+        self.elastic_policy = elastic_policy or ElasticPolicy(max_num_replicas=256, decode_token_cost_ratio=0.5)
+        self.steady_policy = steady_policy or SteadyPolicy(period_s=steady_period_s)
+        if pool_policy is None and mode == "elastic_only":
+            pool_policy = PoolPolicy(large_need_enter=1e-9, large_need_exit=1e-9)  # everything is "large"
+        self.pool_policy = pool_policy or PoolPolicy()
+        self.plans: list = []  # every plan, for the audit trail and the replay recording
+        # DESIGN.md: "keep at least one instance for each model with traffic". The scaler judges traffic on the
+        # last load window (2 s); a sparse model then flaps to zero between requests and each arrival meets
+        # NO_INSTANCE. Here a model that had a request within keepalive_s keeps one instance.
+        self.keepalive_s = keepalive_s
+        self.last_request_s: dict[str, float] = {}
+
+    def dispatch_policy(self) -> DispatchPolicy:
+        """LST-IMH; requests no instance can finish in time are requeued late rather than rejected (token-level
+        attainment still counts their later tokens that meet their deadlines); load windows of 5 s, since the
+        planners read these windows and 2 s of a bursty app is mostly noise."""
+        return DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE, window_s=5.0)
+
+    def install(self, run: SystemRun) -> None:
+        self.run = run
+        self.names = run.scenario.trace.app_names
+        self.index = {n: a for a, n in enumerate(self.names)}
+        oracle = self.oracle = CachedOracle(make_oracle(run))
+        if run.recorder is not None:
+            from ..recording import RecordingOracle
+
+            oracle = RecordingOracle(oracle, run.recorder)
+        self.steady = SteadyPlanner(oracle, self.steady_policy, self.pool_policy)
+        self.scaler = ElasticScaler(oracle, self.elastic_policy)
+        if run.recorder is not None:
+            from ..recording import RecordingPlanner
+
+            run.recorder.header["config"].update(
+                steady_policy=self.steady_policy.model_dump(mode="json"),
+                pool_policy=self.pool_policy.model_dump(mode="json"),
+                elastic_policy=self.elastic_policy.model_dump(mode="json"))
+            self.steady = RecordingPlanner(self.steady, run.recorder, "steady")
+            self.scaler = RecordingPlanner(self.scaler, run.recorder, "elastic")
+        self.pools = PoolManager(run)
+        self.elastic_models: list[str] = []
+        self.latest: dict[str, ModelLoadWindow] = {}
+        for app, f in enumerate(initial_features(run.scenario)):
+            w = window_of(self.names[app], f, 30.0, 0.0)
+            self.on_load(0.0, w)
+        self._steady_tick(0.0, preloaded=True)
+        # A system that had been running would hold its counts: two agreeing plans get past the debounce.
+        self.scaler.tick(0.0, self.elastic_models, UNBOUNDED_BUDGET)
+        self._elastic_tick(0.0, preloaded=True)
+        run.sim.every(self.steady_period_s, self._steady_tick, start_s=self.steady_period_s,
+                      end_s=run.scenario.trace.duration_s)
+        run.sim.every(self.elastic_period_s, self._elastic_tick, start_s=self.elastic_period_s,
+                      end_s=run.scenario.trace.duration_s)
+
+    def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
+        self.latest[window.model] = window
+        if window.num_requests > 0:
+            self.last_request_s[window.model] = now_s
+        self.steady.observe(window)
+        self.scaler.observe(window)
+
+    # ------------------------------------------------------------------------------------------ slow path
+    def _worker_order(self) -> list[str]:
+        """Devices in order of preference for the steady planner: its own, then free, then elastic ones."""
+        sim = self.run.sim
+        own = sorted(self.pools.steady_devices)
+        rest = [d for d in range(self.run.scenario.num_devices) if d not in self.pools.steady_devices]
+        free = [d for d in rest if d not in sim.executor_of_device]
+        busy = [d for d in rest if d in sim.executor_of_device]
+        return [f"d{d}" for d in own + free + busy]
+
+    def _steady_tick(self, now_s: float, preloaded: bool = False) -> None:
+        if self.mode == "elastic_only":
+            self.elastic_models = list(self.names)
+            return
+        decision = self.steady.plan(now_s * 1e3, list(self.names), self._worker_order(),
+                                    trigger="startup" if preloaded else "periodic")
+        plan = decision.plan
+        self.plans.append(plan)
+        bins = {int(b.worker_id[1:]): [self.index[m] for m in b.models] for b in plan.bins}
+        self.pools.apply_steady(bins, now_s, preloaded)
+        placed = set(plan.steady_models)
+        self.elastic_models = [m for m in self.names if m not in placed]
+
+    # ------------------------------------------------------------------------------------------ fast path
+    def _elastic_tick(self, now_s: float, preloaded: bool = False) -> None:
+        decision = self.scaler.tick(now_s * 1e3, self.elastic_models, UNBOUNDED_BUDGET)
+        plan = decision.plan
+        self.plans.append(plan)
+        costs = self.run.costs
+        # The scaler counts one device per instance; tensor-parallel models take tp. Scale to the budget in
+        # device units with the scaler's own rounding, then split each model's instances into prefill/decode again.
+        wanted_devices = {}
+        for t in plan.targets:
+            app = self.index[t.model]
+            wanted_devices[t.model] = (t.num_prefill + t.num_decode) * costs[app].tp
+        budget = self.pools.elastic_budget()
+        rate = {t.model: self.latest[t.model].features.token_rate_tps if t.model in self.latest else 0.0
+                for t in plan.targets}
+        allotted = scale_to_budget(wanted_devices, max(0, budget), priority=rate)
+        targets: dict[int, tuple[int, int]] = {}
+        for t in plan.targets:
+            app = self.index[t.model]
+            n = allotted[t.model] // costs[app].tp
+            recent = now_s - self.last_request_s.get(t.model, float("-inf")) <= self.keepalive_s
+            if n == 0 and recent and budget >= costs[app].tp:
+                targets[app] = (1, 0)
+            elif n == t.num_prefill + t.num_decode:
+                targets[app] = (t.num_prefill, t.num_decode)
+            else:
+                features = self.latest[t.model].features if t.model in self.latest else None
+                targets[app] = split_prefill_decode(n, features, self.elastic_policy) if features else (n, 0)
+        self.pools.apply_elastic(targets, now_s, {self.index[m]: r for m, r in rate.items()}, preloaded)

@@ -1,0 +1,48 @@
+"""Small whole-system runs: every system on one scenario, and the hand-checkable extremes."""
+import numpy as np
+import pytest
+
+from sim.runner import SYSTEM_NAMES, ScenarioSpec, run_many
+from sim.scenario import build_scenario
+from sim.systems.base import SystemRun
+from sim.systems.static import StaticPartition
+from sim.trace import Trace
+
+
+def _one_app_scenario(arrivals, num_devices=1):
+    n = len(arrivals)
+    trace = Trace.build(arrivals, [0] * n, [500] * n, [50] * n, ("solo",))
+    return build_scenario(trace, device_name="nvidia-h200", num_devices=num_devices,
+                          tiers=((1.0, ("qwen2-7b",)),))
+
+
+def test_light_load_meets_every_slo():
+    scenario = _one_app_scenario(np.arange(0, 20, 2.0))  # one request every 2 s
+    result = SystemRun(scenario, StaticPartition()).run()
+    s = result.summary
+    assert s.token_attainment == 1.0 and s.ttft_attainment == 1.0 and s.num_failed == 0
+    # one device for the whole 18 s trace
+    assert s.device_hours == pytest.approx(18 / 3600)
+
+
+def test_overload_misses_slos():
+    scenario = _one_app_scenario(np.linspace(0, 1, 2000))  # 2000 requests in 1 s on one device
+    s = SystemRun(scenario, StaticPartition()).run().summary
+    assert s.token_attainment < 0.5
+
+
+@pytest.mark.slow
+def test_every_system_runs_the_same_small_scenario():
+    spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96)
+    results = run_many(spec, list(SYSTEM_NAMES), processes=1)
+    by_name = {r.system: r for r in results}
+    assert set(by_name) == set(SYSTEM_NAMES)
+    n = by_name["static"].summary.num_requests
+    for r in results:
+        s = r.summary
+        assert s.num_requests == n
+        assert 0.0 <= s.token_attainment <= 1.0
+        assert s.device_hours > 0
+    # static and prism-like reserve their devices for the whole run; static's are the fleet's split
+    assert by_name["prism-like"].summary.mean_active_devices == pytest.approx(96, rel=0.01)
+    assert by_name["static"].summary.mean_active_devices <= 96
