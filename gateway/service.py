@@ -48,6 +48,8 @@ log = logging.getLogger("janus.gateway")
 
 # a dispatcher silent this long is presumed dead: what it held before the first token is submitted again
 DISPATCHER_TIMEOUT_S = 2.0
+# how long a submission waits for some dispatcher to answer at all (a NATS restart takes ~0.3 s to reconnect)
+SUBMIT_RETRY_S = 5.0
 DISPATCHER_CHECK_PERIOD_S = 0.25
 MAX_NUM_SUBMISSIONS = 3
 _RESUBMIT = object()
@@ -162,7 +164,7 @@ class GatewayService(Service):
                 pending.attempt_id = attempt.request_id
                 pending.is_resubmitting = False
                 try:
-                    ack = await self.bus.request(subjects.req(request.model), attempt, SubmitAck, timeout_s=5.0)
+                    ack = await self._hand_to_a_dispatcher(attempt)
                 except BusError as exc:
                     is_terminal = True
                     meter.status = exc.error.code.value
@@ -218,6 +220,23 @@ class GatewayService(Service):
                 return
             pending.has_first_event = True
             yield event
+
+    async def _hand_to_a_dispatcher(self, attempt: GenerateRequest) -> SubmitAck:
+        """Submit, retrying while no dispatcher answers at all (they are reconnecting after a NATS restart or a
+        failover, or restarting): nobody received the request, so sending it again cannot duplicate it. A timeout
+        is not retried: a dispatcher may hold the request."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + SUBMIT_RETRY_S
+        pause_s = 0.05
+        while True:
+            try:
+                return await self.bus.request(subjects.req(attempt.model), attempt, SubmitAck, timeout_s=5.0)
+            except BusError as exc:
+                no_responders = exc.error.code == ErrorCode.UNAVAILABLE and exc.error.retryable
+                if not no_responders or loop.time() + pause_s > give_up_at:
+                    raise
+            await asyncio.sleep(pause_s)
+            pause_s = min(0.5, 2 * pause_s)
 
     async def _cancel(self, request_id: str) -> None:
         if self.bus is not None and self.bus.nc.is_connected:

@@ -39,9 +39,9 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
         publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
                  "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel", KV_INSTANCES, JS_API, INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
-    "oracle": Permissions(
+    "oracle": Permissions(  # heartbeats: how many replicas served each load window it learns from
         publish=(INBOX,),
-        subscribe=("janus.oracle.>", "janus.telemetry.model.*", INBOX, HEALTH)),
+        subscribe=("janus.oracle.>", "janus.telemetry.model.*", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "steady-planner": Permissions(
         publish=("janus.plan.steady", "janus.oracle.>", JS_API, INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),

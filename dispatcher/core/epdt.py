@@ -87,8 +87,9 @@ class PrefillLedger:
         if not entry.is_presumed_started:
             self._pending_ms -= entry.predicted_ms
             self.epdt_ms = max(now_ms, self.epdt_ms - entry.predicted_ms)
-        if not self._outstanding:
+        if not self._outstanding:  # nothing lies ahead: no float residue of the subtraction may linger
             self._pending_ms = 0.0
+            self.epdt_ms = min(self.epdt_ms, now_ms)
         return True
 
     def clear(self, now_ms: float) -> list[str]:

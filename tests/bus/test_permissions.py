@@ -140,11 +140,12 @@ SERVICE_SOURCES = {
     "reconciler": ["planner/reconciler_service.py"],
 }
 _SEND = r"\b(?:publish|request|publish_event|_audit)\((?:[\w.]+, )?subjects\.(\w+)"
+_RECEIVE = r"\b(?:subscribe|serve)\((?:[\w.]+, )?subjects\.(\w+)"
 
 
-def _subjects_sent_from(paths: list[str]) -> set[str]:
-    """The concrete subject each `subjects.X` a service publishes or requests on stands for (token functions get
-    a placeholder token)."""
+def _subjects_sent_from(paths: list[str], pattern: str = _SEND) -> set[str]:
+    """The concrete subject each `subjects.X` a service publishes or requests on (or, with _RECEIVE, subscribes
+    to) stands for (token functions get a placeholder token)."""
     import inspect
     import re
     from pathlib import Path
@@ -155,7 +156,7 @@ def _subjects_sent_from(paths: list[str]) -> set[str]:
     files = [f for p in paths for f in ((root / p).rglob("*.py") if (root / p).is_dir() else [root / p])]
     out = set()
     for f in files:
-        for name in re.findall(_SEND, f.read_text()):
+        for name in re.findall(pattern, f.read_text()):
             attr = getattr(subjects, name)
             out.add(attr(*["x"] * len(inspect.signature(attr).parameters)) if callable(attr) else attr)
     return out
@@ -179,8 +180,17 @@ def test_every_subject_a_service_sends_on_is_permitted_to_it(service):
     assert not refused, f"{service} sends on {refused}, which its NATS user may not publish to"
 
 
+@pytest.mark.parametrize("service", sorted(SERVICE_SOURCES))
+def test_every_subject_a_service_listens_on_is_permitted_to_it(service):
+    listened = _subjects_sent_from(SERVICE_SOURCES[service], _RECEIVE)
+    allowed = SERVICE_PERMISSIONS[service].subscribe
+    refused = sorted(s for s in listened if not any(_nats_match(p, s) for p in allowed))
+    assert not refused, f"{service} subscribes to {refused}, which its NATS user may not subscribe to"
+
+
 def test_the_subject_scan_finds_what_it_should():
     assert "janus.plan.status" in _subjects_sent_from(SERVICE_SOURCES["reconciler"])
     assert "janus.cancel" in _subjects_sent_from(SERVICE_SOURCES["worker"])
+    assert "janus.telemetry.worker.*" in _subjects_sent_from(SERVICE_SOURCES["oracle"], _RECEIVE)
     assert _nats_match("janus.worker.*.cmd", "janus.worker.w1.cmd") and not _nats_match("janus.req.*", "janus.req")
     assert _nats_match("janus.reply.>", "janus.reply.g.r") and not _nats_match("janus.reply.>", "janus.reply")

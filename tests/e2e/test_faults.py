@@ -53,14 +53,18 @@ async def test_dispatcher_killed_with_requests_queued(tmp_path, demo_models_dir)
 async def test_nats_server_restarted_under_load(tmp_path, demo_models_dir):
     cluster = await start(tmp_path, cluster_config(demo_models_dir))
     try:
-        running = asyncio.create_task(load(cluster.gateway_url, 12, {**LONG, "max_tokens": 150}, stagger_s=0.1))
+        running = asyncio.create_task(load(cluster.gateway_url, 12, {**LONG, "max_tokens": 300}, stagger_s=0.1))
         await asyncio.sleep(1.5)
         cluster.nats.restart()
+        # submitted while every service is still reconnecting: the gateway waits for a dispatcher to answer
+        during = report("submitted during the reconnect",
+                        await load(cluster.gateway_url, 4, {**LONG, "max_tokens": 20}))
         outcomes = await running
         summary = report("nats-server restarted", outcomes)
         # lost messages are recovered from the workers' resend logs: every stream completes, whole
         assert summary["lost"] == 0 and summary["completed"] == summary["sent"]
-        assert all(o.num_tokens == 150 for o in outcomes)
+        assert all(o.num_tokens == 300 for o in outcomes)
+        assert during["completed"] == 4
         after = report("after the restart", await load(cluster.gateway_url, 6, {**LONG, "max_tokens": 20}))
         assert after["completed"] == 6
     finally:

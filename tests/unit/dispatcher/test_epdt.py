@@ -102,3 +102,13 @@ def test_bad_input_is_refused():
         ledger.assign(0.0, "a", 1.0)
     with pytest.raises(ValueError, match=">= 0"):
         ledger.assign(0.0, "b", -1.0)
+
+
+def test_removing_the_last_request_leaves_the_instance_free_now_exactly():
+    # the case hypothesis found: an EPDT built by additions and taken apart by subtraction keeps a float residue
+    now = 37.392377078159555
+    ledger = PrefillLedger("i0")
+    ledger.assign(now, "a", 152.754924)
+    ledger.assign(now, "b", 51.013805)
+    assert ledger.remove(now, "a") and ledger.remove(now, "b")
+    assert ledger.available_ms(now) == now and ledger.pending_ms == 0.0

@@ -5,9 +5,12 @@ import pytest
 
 from sim.cli import main
 
+from .shared_data import needs_traces
+
 pytestmark = pytest.mark.slow  # ~5 s on an idle machine: two systems, trace generation, a figure
 
 
+@needs_traces
 def test_cli_writes_summary_and_figure(tmp_path, capsys):
     code = main(["--apps", "12", "--requests", "6000", "--duration-s", "60", "--window-s", "10", "--devices", "96",
                  "--systems", "static,janus", "--processes", "1", "--out", str(tmp_path)])

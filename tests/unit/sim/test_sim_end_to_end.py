@@ -8,6 +8,8 @@ from sim.systems.base import SystemRun
 from sim.systems.static import StaticPartition
 from sim.trace import Trace
 
+from .shared_data import needs_traces
+
 
 def _one_app_scenario(arrivals, num_devices=1):
     n = len(arrivals)
@@ -32,6 +34,7 @@ def test_overload_misses_slos():
 
 
 @pytest.mark.slow
+@needs_traces
 def test_every_system_runs_the_same_small_scenario():
     spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96)
     results = run_many(spec, list(SYSTEM_NAMES), processes=1)

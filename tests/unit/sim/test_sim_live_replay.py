@@ -12,6 +12,8 @@ import pytest
 from sim.replay import ClientRecord, main, outcomes_from_records, parse_sse_line, tokens_in_chunk
 from sim.trace import Trace
 
+from .shared_data import needs_traces
+
 
 def test_sse_lines_and_token_counts():
     chunk = {"choices": [{"index": 0, "text": "ab", "logprobs": {"tokens": ["", ""], "token_logprobs": [-1.0, -2.0]},
@@ -34,6 +36,7 @@ def test_client_times_become_the_same_outcomes_as_the_simulator():
 
 
 @pytest.mark.slow
+@needs_traces
 def test_replay_against_janus_up(tmp_path):
     janus = Path(sys.executable).parent / "janus"
     proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(tmp_path / "state")],

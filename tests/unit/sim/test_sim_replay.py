@@ -10,6 +10,8 @@ from sim.servegen import servegen_trace
 from sim.systems.base import SystemRun
 from sim.systems.janus import JanusControl
 
+from .shared_data import needs_traces
+
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
@@ -21,6 +23,7 @@ def recording(tmp_path_factory):
     return path
 
 
+@needs_traces
 def test_recording_holds_every_core(recording):
     header, lines = read(recording)
     cores = {line["core"].split("/")[0] for line in lines}
@@ -30,12 +33,14 @@ def test_recording_holds_every_core(recording):
     assert header["config"]["dispatch_policy"]["algorithm"] == "lst_imh"
 
 
+@needs_traces
 def test_replay_makes_the_same_decisions(recording):
     report = replay(*read(recording))
     assert report.num_decisions > 1000
     assert report.is_identical, report.mismatches[:5]
 
 
+@needs_traces
 def test_replay_reports_a_changed_decision(recording, tmp_path):
     header, lines = read(recording)
     assigned = next(line for line in lines if line["call"] == "on_request" and line["decision"]

@@ -6,6 +6,8 @@ from sim.public_traces import load_azure, load_mooncake, load_prism_arena
 from sim.servegen import load_clients, servegen_trace
 from sim.trace import Trace, burst_ratio
 
+from .shared_data import needs_traces
+
 
 @pytest.fixture(scope="module")
 def clients():
@@ -27,6 +29,7 @@ def test_trace_rejects_bad_columns():
         Trace.build([0.0], [3], [1], [1], ("a",))
 
 
+@needs_traces
 def test_public_traces_keep_order_lengths_and_apps():
     azure = load_azure()
     assert azure.num_requests == 19_366 and azure.num_apps == 1
@@ -41,6 +44,7 @@ def test_public_traces_keep_order_lengths_and_apps():
     assert moon.num_requests == 12_031 and np.all(np.diff(moon.arrival_s) >= 0)
 
 
+@needs_traces
 def test_servegen_is_deterministic_per_seed(clients):
     a = servegen_trace(num_requests=20_000, duration_s=300, clients=clients, seed=3)
     b = servegen_trace(num_requests=20_000, duration_s=300, clients=clients, seed=3)
@@ -49,6 +53,7 @@ def test_servegen_is_deterministic_per_seed(clients):
     assert not np.array_equal(a.arrival_s[:100], c.arrival_s[:100])
 
 
+@needs_traces
 def test_servegen_headline_trace_has_the_papers_shape(clients):
     t = servegen_trace(clients=clients)
     assert t.num_apps == 62
