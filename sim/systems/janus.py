@@ -9,6 +9,7 @@ from oracle.core.oracle import ModelProfile, Oracle
 from planner.core import ElasticPolicy, ElasticScaler, PoolPolicy, SteadyPlanner, SteadyPolicy
 from planner.core import scale_to_budget, split_prefill_decode
 
+from ..costmodel import fast_roofline
 from ..oracle_cache import CachedOracle
 from .base import ControlPlane, SystemRun, initial_features
 from .pools import PoolManager
@@ -21,7 +22,7 @@ def make_oracle(run: SystemRun, need_rel_std: float = 0.25, attainment_std: floa
     roofline, so its spread is small; `attainment_std` covers the queueing model's error)."""
     profiles = {}
     for app, spec in enumerate(run.scenario.apps):
-        profiles[spec.name] = ModelProfile(run.costs[app].roofline, spec.ttft_slo_s * 1e3, spec.tpot_slo_s * 1e3,
+        profiles[spec.name] = ModelProfile(fast_roofline(run.costs[app]), spec.ttft_slo_s * 1e3, spec.tpot_slo_s * 1e3,
                                            roofline_need_rel_std=need_rel_std,
                                            roofline_attainment_std=attainment_std)
     return Oracle(profiles)

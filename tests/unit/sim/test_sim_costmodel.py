@@ -48,3 +48,27 @@ def test_min_tp_leaves_room_for_kv():
     for shape in MODEL_SHAPES.values():
         tp = min_tp(die, shape)
         assert RooflineModel(die, shape, tp).max_num_kv_tokens > 0
+
+
+@pytest.mark.parametrize("shape_name", ["qwen2-0.5b", "qwen2-7b", "llama-3-70b", "deepseek-v3-671b"])
+def test_the_fast_roofline_gives_the_oracle_the_same_answers(shape_name):
+    from contracts import LoadFeatures
+    from sim.costmodel import FastRoofline, fast_roofline
+
+    dev, shape = device("ascend-910c-die"), model_shape(shape_name)
+    tp = min_tp(dev, shape)
+    plain = RooflineModel(dev, shape, tp)
+    fast = fast_roofline(StepCost(RooflineModel(dev, shape, tp)))
+    assert isinstance(fast, FastRoofline) != shape.is_moe  # MoE keeps the plain roofline
+    rng = random.Random(1)
+    for _ in range(25):
+        f = LoadFeatures(token_rate_tps=rng.uniform(100, 400_000), input_len_mean=rng.uniform(50, 4000),
+                         input_len_var=rng.uniform(0, 1e6), output_len_mean=rng.uniform(10, 800))
+        m = rng.randint(1, 64)
+        assert fast.attainment(f, m, 2000.0, 80.0) == pytest.approx(plain.attainment(f, m, 2000.0, 80.0), abs=1e-9)
+        assert fast.decode_step_ms(3.7, 5000.5) == pytest.approx(plain.decode_step_ms(3.7, 5000.5), rel=1e-9)
+        got, want = fast.needs(f, 80.0), plain.needs(f, 80.0)
+        assert (got.hbm, got.compute, got.bandwidth) == pytest.approx((want.hbm, want.compute, want.bandwidth),
+                                                                       rel=1e-9)
+    with pytest.raises(ValueError):
+        fast.decode_step_ms(0, 10)
