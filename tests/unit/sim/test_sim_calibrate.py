@@ -15,7 +15,7 @@ def model_dir(tmp_path_factory):
 
 def test_cost_model_predicts_held_out_engine_steps(model_dir):
     points = measure(model_dir, prefill_lengths=(32, 64, 128, 256, 512, 1024), decode_batches=(1, 2, 4, 8, 16, 32),
-                     repeats=3)
+                     repeats=5)
     assert {p.kind for p in points} == {"prefill", "decode"}
     result = calibrate(model_dir, points)
     for kind in ("prefill", "decode"):
