@@ -15,8 +15,6 @@ from argparse import Namespace
 import pytest
 
 from contracts import (
-    CapacityQuery,
-    ElasticityQuery,
     GenerateRequest,
     RunAssignment,
     SamplingParams,
@@ -26,30 +24,13 @@ from contracts import (
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.scrape import samples, scrape
+from tests.unit.planner.planner_bus_helpers import fast_planner, serve_oracle, wait_for
 from tests.unit.planner.planner_test_oracles import TableOracle, window
 
 pytestmark = pytest.mark.slow
 
 WORKERS = ["rw0", "rw1", "rw2", "rw3"]
-PLANNER = {
-    "steady": {"period_s": 1.0},
-    "elastic": {"period_s": 0.2, "target_attainment": 0.95, "min_num_disaggregated": 100, "max_num_replicas": 3},
-    "reconciler": {"heartbeat_timeout_ms": 5000, "retry_backoff_ms": 300},
-    "startup_delay_s": 0.5,
-    "reconcile_period_s": 0.1,
-    "elastic_republish_s": 30.0,
-}
-
-
-async def wait_for(predicate, timeout_s: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout_s} s")
-        await asyncio.sleep(0.05)
+PLANNER = fast_planner(heartbeat_timeout_ms=5000, retry_backoff_ms=300)
 
 
 async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(nats_url, bus_factory, tmp_path,
@@ -69,14 +50,7 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
 
     oracle = TableOracle(needs={"hot": (0.6, 0.3, 0.3), "calm": (0.2, 0.2, 0.2)}, per_replica_tps=1000.0)
 
-    async def on_capacity(q: CapacityQuery, env):
-        return oracle.capacity(q)
-
-    async def on_elasticity(q: ElasticityQuery, env):
-        return oracle.elasticity(q)
-
-    await bus.serve(subjects.ORACLE_CAPACITY, CapacityQuery, on_capacity, queue=subjects.ORACLE_QUEUE)
-    await bus.serve(subjects.ORACLE_ELASTICITY, ElasticityQuery, on_elasticity, queue=subjects.ORACLE_QUEUE)
+    await serve_oracle(bus, oracle)
 
     routed: list[RunAssignment] = []
 

@@ -17,8 +17,6 @@ from planner_test_oracles import TableOracle, window
 from planner_test_workers import ScriptedWorkers
 
 from contracts import (
-    CapacityQuery,
-    ElasticityQuery,
     GenerateRequest,
     LifecycleCommand,
     ModelState,
@@ -31,28 +29,12 @@ from runtime.jetstream import ensure_kv
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 
+from .planner_bus_helpers import fast_planner, serve_oracle, wait_for
+
 pytestmark = pytest.mark.slow
 
 WORKERS = ["pw0", "pw1", "pw2", "pw3"]
-PLANNER = {
-    "steady": {"period_s": 1.0},
-    "elastic": {"period_s": 0.2, "target_attainment": 0.95, "min_num_disaggregated": 100, "max_num_replicas": 3},
-    "reconciler": {"heartbeat_timeout_ms": 3000, "retry_backoff_ms": 200},
-    "startup_delay_s": 0.5,
-    "reconcile_period_s": 0.1,
-    "elastic_republish_s": 30.0,
-}
-
-
-async def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout_s} s")
-        await asyncio.sleep(0.05)
+PLANNER = fast_planner(heartbeat_timeout_ms=3000, retry_backoff_ms=200)
 
 
 async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_url, bus_factory, tmp_path):
@@ -73,14 +55,7 @@ async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_
     # -- the oracle: a closed-form function on the oracle subjects --
     oracle = TableOracle(needs={"hot": (0.6, 0.3, 0.3), "calm": (0.2, 0.2, 0.2)}, per_replica_tps=1000.0)
 
-    async def on_capacity(q: CapacityQuery, env):
-        return oracle.capacity(q)
-
-    async def on_elasticity(q: ElasticityQuery, env):
-        return oracle.elasticity(q)
-
-    await bus.serve(subjects.ORACLE_CAPACITY, CapacityQuery, on_capacity, queue=subjects.ORACLE_QUEUE)
-    await bus.serve(subjects.ORACLE_ELASTICITY, ElasticityQuery, on_elasticity, queue=subjects.ORACLE_QUEUE)
+    await serve_oracle(bus, oracle)
 
     # -- scripted workers: commands, heartbeats, registry, and what the dispatcher sends them --
     workers = ScriptedWorkers(WORKERS)
