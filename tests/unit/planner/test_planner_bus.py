@@ -13,6 +13,7 @@ import time
 from argparse import Namespace
 
 import pytest
+from planner_bus_helpers import fast_planner, serve_oracle, wait_for
 from planner_test_oracles import TableOracle, window
 from planner_test_workers import ScriptedWorkers
 
@@ -28,8 +29,6 @@ from contracts import (
 from runtime.jetstream import ensure_kv
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
-
-from .planner_bus_helpers import fast_planner, serve_oracle, wait_for
 
 pytestmark = pytest.mark.slow
 
