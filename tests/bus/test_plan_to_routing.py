@@ -7,10 +7,7 @@ is known); everything else is the real service."""
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import time
-from argparse import Namespace
 
 import pytest
 
@@ -24,7 +21,12 @@ from contracts import (
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.scrape import samples, scrape
-from tests.unit.planner.planner_bus_helpers import fast_planner, serve_oracle, wait_for
+from tests.unit.planner.planner_bus_helpers import (
+    assert_jump_in_audit,
+    fast_planner,
+    serve_oracle,
+    wait_for,
+)
 from tests.unit.planner.planner_test_oracles import TableOracle, window
 
 pytestmark = pytest.mark.slow
@@ -36,7 +38,6 @@ PLANNER = fast_planner(heartbeat_timeout_ms=5000, retry_backoff_ms=300)
 async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(nats_url, bus_factory, tmp_path,
                                                                             demo_models_dir):
     from dispatcher.service import DispatcherService
-    from planner.audit import audit
     from planner.elastic_service import ElasticScalerService
     from planner.reconciler_service import ReconcilerService
     from planner.steady_service import SteadyPlannerService
@@ -120,24 +121,12 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
         await wait_for(lambda: len({r.request.request_id for r in routed}) >= 9, what="requests routed")
         assert {r.instance_id for r in routed} & new, "some requests go to the instances the jump added"
 
-        out = io.StringIO()
-        args = Namespace(nats=nats_url, state_dir=str(tmp_path), since=None, all=True, follow=False, json=True,
-                         kind=None, plan=None, limit=None)
-        assert await audit(args, out=out) == 0
-        events = [json.loads(line) for line in out.getvalue().splitlines()]
-        assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
-        i_plan = next(i for i, e in enumerate(events) if e["kind"] == "elastic" and e["event"]["plan_id"] ==
-                      jump.plan_id)
-        jump_actions = [(i, e["event"]) for i, e in enumerate(events)
-                        if e["kind"] == "action" and e["event"]["plan_id"] == jump.plan_id]
-        issued = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "issued"}
-        succeeded = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "succeeded"}
-        assert set(issued) == set(succeeded) == new
-        assert all(i_plan < issued[iid] < succeeded[iid] for iid in new)
-        assert all(a["action"] == "fork_from" for _, a in jump_actions), "scale-out forks from the live replica"
+        events = await assert_jump_in_audit(nats_url, tmp_path, jump.plan_id, new)
+        succeeded = [i for i, e in enumerate(events) if e["kind"] == "action" and e["event"]["plan_id"] == jump.plan_id
+                     and e["event"]["status"] == "succeeded"]
         done = [i for i, e in enumerate(events) if e["kind"] == "status" and e["event"]["plan_id"] == jump.plan_id
                 and e["event"]["status"] == "done"]
-        assert done and done[0] > max(succeeded.values()), "the plan is done only after its instances are ready"
+        assert done and done[0] > max(succeeded), "the plan is done only after its instances are ready"
         # the forks were real: each new instance holds verified weight segments whose checksums equal its source's
         forked = [inst for w in workers.values() for inst in w.residents.values() if inst.instance_id in new]
         (source,) = [inst for w in workers.values() for inst in w.residents.values() if inst.instance_id in before]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.torch_threads import one_torch_thread  # noqa: F401 - an autouse fixture
+
 
 @pytest.fixture(scope="session")
 def demo_root(tmp_path_factory):
@@ -16,13 +18,3 @@ def tiny_model_dir(demo_root):
     return make_demo_models(demo_root, ["demo-tiny"])["demo-tiny"]
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # The CI box has 2 cores shared with other jobs: OpenMP threads that spin-wait for a busy core make tiny
-    # matmuls 100x slower, so every engine test runs single-threaded.
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -6,19 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from lifecycle_fixtures import Worker
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # 2 shared cores: spin-waiting OpenMP threads make tiny matmuls far slower
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from tests.torch_threads import one_torch_thread  # noqa: F401 - an autouse fixture
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +30,6 @@ def make_worker(tiny_dir):
     yield make
     for w in made:
         w.close()
-
 
 
 @pytest.fixture(scope="session")

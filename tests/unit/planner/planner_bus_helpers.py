@@ -41,3 +41,31 @@ async def serve_oracle(bus, oracle) -> None:
 
     await bus.serve(subjects.ORACLE_CAPACITY, CapacityQuery, on_capacity, queue=subjects.ORACLE_QUEUE)
     await bus.serve(subjects.ORACLE_ELASTICITY, ElasticityQuery, on_elasticity, queue=subjects.ORACLE_QUEUE)
+
+
+async def assert_jump_in_audit(nats_url: str, state_dir, plan_id: str, new: set[str]) -> list[dict]:
+    """`janus audit --all --json` holds, in stream order, the jump's elastic plan, then for each instance it added
+    an issued and later a succeeded fork_from action. Returns the events, for further checks."""
+    import io
+    import json
+    from argparse import Namespace
+
+    from planner.audit import audit
+
+    out = io.StringIO()
+    args = Namespace(nats=nats_url, state_dir=str(state_dir), since=None, all=True, follow=False, json=True,
+                     kind=None, plan=None, limit=None)
+    assert await audit(args, out=out) == 0
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(seqs)
+    i_plan = next(i for i, e in enumerate(events) if e["kind"] == "elastic" and e["event"]["plan_id"] == plan_id)
+    jump_actions = [(i, e["event"]) for i, e in enumerate(events)
+                    if e["kind"] == "action" and e["event"]["plan_id"] == plan_id]
+    issued = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "issued"}
+    succeeded = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "succeeded"}
+    assert set(issued) == set(succeeded) == new
+    assert all(i_plan < issued[iid] < succeeded[iid] for iid in new)
+    assert all(a["action"] == "fork_from" for _, a in jump_actions), "scale-out forks from the live replica"
+    assert any(e["kind"] == "steady" for e in events[:i_plan])
+    return events

@@ -8,12 +8,15 @@ not take lifecycle commands yet, so these answer them, heartbeat, and write the 
 from __future__ import annotations
 
 import asyncio
-import io
 import time
-from argparse import Namespace
 
 import pytest
-from planner_bus_helpers import fast_planner, serve_oracle, wait_for
+from planner_bus_helpers import (
+    assert_jump_in_audit,
+    fast_planner,
+    serve_oracle,
+    wait_for,
+)
 from planner_test_oracles import TableOracle, window
 from planner_test_workers import ScriptedWorkers
 
@@ -38,7 +41,6 @@ PLANNER = fast_planner(heartbeat_timeout_ms=3000, retry_backoff_ms=200)
 
 async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_url, bus_factory, tmp_path):
     from dispatcher.service import DispatcherService
-    from planner.audit import audit
     from planner.elastic_service import ElasticScalerService
     from planner.reconciler_service import ReconcilerService
     from planner.steady_service import SteadyPlannerService
@@ -141,24 +143,7 @@ async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_
         assert {r.instance_id for r in routed} & new, "some requests go to the instances the jump added"
 
         # The audit stream has it all, in order: the jump's plan, its commands, their success.
-        out = io.StringIO()
-        args = Namespace(nats=nats_url, state_dir=str(tmp_path), since=None, all=True, follow=False, json=True,
-                         kind=None, plan=None, limit=None)
-        assert await audit(args, out=out) == 0
-        import json
-        events = [json.loads(line) for line in out.getvalue().splitlines()]
-        seqs = [e["seq"] for e in events]
-        assert seqs == sorted(seqs)
-        i_plan = next(i for i, e in enumerate(events) if e["kind"] == "elastic" and e["event"]["plan_id"] ==
-                      jump.plan_id)
-        jump_actions = [(i, e["event"]) for i, e in enumerate(events)
-                        if e["kind"] == "action" and e["event"]["plan_id"] == jump.plan_id]
-        issued = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "issued"}
-        succeeded = {a["instance_id"]: i for i, a in jump_actions if a["status"] == "succeeded"}
-        assert set(issued) == set(succeeded) == new
-        assert all(i_plan < issued[iid] < succeeded[iid] for iid in new)
-        assert all(a["action"] == "fork_from" for _, a in jump_actions), "scale-out forks from the live replica"
-        assert any(e["kind"] == "steady" for e in events[:i_plan])
+        await assert_jump_in_audit(nats_url, tmp_path, jump.plan_id, new)
     finally:
         for s in services.values():
             s.stopped.set()

@@ -5,9 +5,10 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .xtensor_fixtures import make_config
-
+from tests.torch_threads import one_torch_thread  # noqa: F401 - an autouse fixture
 from worker.xtensor import XTensor
+
+from .xtensor_fixtures import make_config
 
 
 @pytest.fixture
@@ -24,17 +25,6 @@ def open_pool() -> Iterator[Callable[..., XTensor]]:
     yield _open
     for pool in pools:
         pool.close()
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # 2 shared cores: OpenMP threads spinning for a busy core make small tensor ops 100x slower.
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
