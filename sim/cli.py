@@ -1,5 +1,5 @@
 """`janus sim`: replay a trace open-loop against Janus and its baselines on the simulated fleet, print the headline
-and ablation tables, write summary.json and the figure. The lead wires `main` into the `janus` console script."""
+and ablation tables, write summary.json and the figure. `main` is the `janus sim` subcommand."""
 from __future__ import annotations
 
 import argparse

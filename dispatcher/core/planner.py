@@ -64,6 +64,21 @@ def plan_round(
     policy: DispatchPolicy,
 ) -> RoundDecision:
     """available_ms[i]: T_i of routable instance i (>= now_ms). proc_ms[i, k]: predicted prefill of jobs[k] on i."""
+    if len(jobs) == 1 and not jobs[0].is_late:
+        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, proc_ms, policy)
+        if decision is not None:
+            return decision
+    return plan_round_general(now_ms, jobs, available_ms, proc_ms, policy)
+
+
+def plan_round_general(
+    now_ms: float,
+    jobs: list[Job],
+    available_ms: list[float],
+    proc_ms: np.ndarray,
+    policy: DispatchPolicy,
+) -> RoundDecision:
+    """`plan_round` for any queue (the lone-job shortcut's reference)."""
     decision = RoundDecision()
     num_instances = len(available_ms)
     deadline = np.array([job.deadline_ms for job in jobs], dtype=np.float64)
@@ -131,4 +146,33 @@ def plan_round(
             k = _take_feasible(late_donors, available_ms[i], proc_ms[i], due)
         if k is not None:
             decision.commits.append((i, k, float(proc_ms[i, k])))
+    return decision
+
+
+def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], proc_ms: np.ndarray,
+                           policy: DispatchPolicy) -> RoundDecision | None:
+    """The usual round of a lightly loaded model: one queued request, still on time. The same decision as the
+    general path (LST-IMH over one job: the latest-free instance that makes the deadline takes it; then late
+    binding and work conservation), without building its arrays. None when no instance makes the deadline: the
+    general path relaxes or rejects."""
+    due_ms = job.deadline_ms - policy.deadline_margin_frac * job.request.ttft_slo_ms
+    column = proc_ms[:, 0].tolist()
+    chosen = None
+    for i in sorted(range(len(available_ms)), key=lambda i: (-available_ms[i], i)):
+        if column[i] <= due_ms - (available_ms[i] - FEASIBILITY_EPS_MS):  # Moore-Hodgson's test for one job
+            chosen = i
+            break
+    if chosen is None:
+        return None
+    decision = RoundDecision()
+    horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else float("inf")
+    is_chosen_far = available_ms[chosen] > horizon_ms
+    near = sorted((i for i in range(len(available_ms)) if available_ms[i] <= horizon_ms),
+                  key=lambda i: (available_ms[i], i))
+    for i in near:
+        # A near-free instance other than the chosen one plans nothing; it may take the job from a far one.
+        if i == chosen or (is_chosen_far and policy.is_work_conserving
+                           and available_ms[i] + column[i] <= due_ms + FEASIBILITY_EPS_MS):
+            decision.commits.append((i, 0, float(column[i])))
+            break
     return decision

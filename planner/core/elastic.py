@@ -37,6 +37,15 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
     return (num_prefill, num_instances - num_prefill)
 
 
+def with_headroom(features: LoadFeatures, headroom: float) -> LoadFeatures:
+    """The load to size replicas for: the window's token rate times `headroom`. A 5 s window's rate is a noisy,
+    lagging estimate of the next seconds' (a fork takes a second or more to serve), so sizing for exactly the
+    measured rate leaves every burst short."""
+    if headroom == 1.0:
+        return features
+    return features.model_copy(update={"token_rate_tps": features.token_rate_tps * headroom})
+
+
 @dataclass(frozen=True)
 class ElasticDecision:
     plan: ElasticPlan
@@ -58,6 +67,7 @@ class ElasticScaler:
         self.policy = policy or ElasticPolicy()
         self._loads = LoadBook()
         self._debouncer: Debouncer[str] = Debouncer((0, 0))
+        self._applied: dict[str, PD] = {}  # the last plan's counts, debounced or not
         self._num_plans = 0
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
@@ -76,16 +86,9 @@ class ElasticScaler:
         models = sorted(set(elastic_models))
         loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
         busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
-        searches = search_min_replicas(
-            self.oracle,
-            {m: loads[m].features for m in busy},
-            p.target_attainment,
-            p.k_sigma,
-            p.max_num_replicas,
-            mode=p.search_mode,  # type: ignore[arg-type]
-            saturation_eps=p.saturation_eps,
-        )
+        searches = self._search({m: with_headroom(loads[m].features, p.load_headroom) for m in busy})
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
+        banded = self._scale_in_band(desired, {m: loads[m].features for m in busy})
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
         allotted = scale_to_budget(desired, budget_devices, priority=token_rate)
         is_scaled_down = allotted != desired
@@ -104,6 +107,7 @@ class ElasticScaler:
                 self._debouncer.force(raw)
                 notes.append("budget shrank: applied without debounce")
         used = sum(num_devices(v) for v in applied.values())
+        self._applied = dict(applied)
         targets = tuple(
             ElasticTarget(
                 model=m,
@@ -111,7 +115,8 @@ class ElasticScaler:
                 num_decode=applied[m][1],
                 desired_replicas=desired[m],
                 prediction=searches[m].prediction if m in searches else None,
-                reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held),
+                reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
+                                m in banded),
             )
             for m in models
         )
@@ -135,7 +140,34 @@ class ElasticScaler:
         )
         return ElasticDecision(plan, searches, tuple(sorted(held)))
 
-    def _why(self, model, search, desired, allotted, raw, applied, is_held) -> str:
+    def _search(self, features: Mapping[str, LoadFeatures]) -> dict[str, ReplicaSearch]:
+        p = self.policy
+        return search_min_replicas(self.oracle, features, p.target_attainment, p.k_sigma, p.max_num_replicas,
+                                   mode=p.search_mode,  # type: ignore[arg-type]
+                                   saturation_eps=p.saturation_eps)
+
+    def _scale_in_band(self, desired: dict[str, int], features: Mapping[str, LoadFeatures]) -> set[str]:
+        """Hysteresis: a model above its scale-out answer keeps its count unless even `scale_in_headroom` times
+        its rate needs fewer (then it goes to that count). Without the band, a rate wandering around a threshold
+        forks and drains an instance every few seconds, and each fork costs a load before it serves. Updates
+        `desired`; returns the models it kept above their answer."""
+        p = self.policy
+        if p.scale_in_headroom <= p.load_headroom:
+            return set()
+        current = {m: num_devices(self._applied.get(m, (0, 0))) for m in features}
+        over = {m: f for m, f in features.items() if current[m] > desired[m]}
+        if not over:
+            return set()
+        kept = self._search({m: with_headroom(f, p.scale_in_headroom) for m, f in over.items()})
+        banded = set()
+        for m in over:
+            count = min(current[m], kept[m].num_replicas)
+            if count > desired[m]:
+                desired[m] = count
+                banded.add(m)
+        return banded
+
+    def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False) -> str:
         p = self.policy
         if search is None:
             return "no traffic"
@@ -149,6 +181,8 @@ class ElasticScaler:
             cap = p.max_num_replicas
             why = (f"target {p.target_attainment:.3f} unreachable (bound {bounds[cap]:.3f} at the cap m={cap}): "
                    f"m*={m} where the bound saturates ({bounds[m]:.3f})")
+        if is_banded:
+            why += f"; kept at {desired}: inside the scale-in band (x{p.scale_in_headroom:g} the rate needs that many)"
         if allotted < desired:
             why += f"; scaled down {desired} -> {allotted} (budget)"
         why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")

@@ -66,6 +66,13 @@ class ElasticPolicy(_Policy):
     min_num_disaggregated: int = Field(
         default=2, ge=2, description="below this many instances a model runs one colocated instance per device"
     )
+    load_headroom: float = Field(
+        default=1.0, ge=1.0, description="size replicas for the window's token rate times this (burst headroom)"
+    )
+    scale_in_headroom: float = Field(
+        default=1.0, ge=1.0, description="scale in only to the count this multiple of the rate needs (a value above "
+        "load_headroom is a hysteresis band: counts between the two answers stay as they are)"
+    )
     is_debounced: bool = True
 
 

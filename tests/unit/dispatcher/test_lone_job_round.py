@@ -1,0 +1,52 @@
+"""The lone on-time request shortcut of an LST-IMH round makes exactly the general path's decision."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher.core.jobs import Job
+from dispatcher.core.planner import plan_round, plan_round_general
+from dispatcher.core.policy import DispatchPolicy, OverloadPolicy
+
+from .helpers import request
+
+# Coarse values so that ties (equal availabilities, a deadline met exactly) come up often.
+times_ms = st.integers(0, 40).map(float)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    now_ms=times_ms,
+    offsets_ms=st.lists(times_ms, min_size=1, max_size=6),
+    proc=st.lists(st.integers(1, 30).map(float), min_size=6, max_size=6),
+    slo_ms=st.integers(1, 60).map(float),
+    margin=st.sampled_from([0.0, 0.05, 0.25]),
+    lookahead_ms=st.sampled_from([0.0, 5.0, 20.0]),
+    is_late_binding=st.booleans(),
+    is_work_conserving=st.booleans(),
+    overload=st.sampled_from(list(OverloadPolicy)),
+)
+def test_the_lone_job_shortcut_decides_as_the_general_round(now_ms, offsets_ms, proc, slo_ms, margin, lookahead_ms,
+                                                           is_late_binding, is_work_conserving, overload):
+    policy = DispatchPolicy(deadline_margin_frac=margin, lookahead_ms=lookahead_ms, is_late_binding=is_late_binding,
+                            is_work_conserving=is_work_conserving, overload=overload)
+    available_ms = [now_ms + o for o in offsets_ms]
+    proc_ms = np.array(proc[: len(available_ms)]).reshape(len(available_ms), 1)
+    job = Job.from_request(request("r", now_ms, slo_ms=slo_ms))
+    shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy)
+    general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy)
+    assert shortcut == general
+
+
+def test_the_latest_free_instance_that_makes_the_deadline_gets_a_lone_request():
+    # LST-IMH keeps the earliest-free instance for work that needs it: the lone request is planned on the later
+    # one, and late binding commits it nowhere yet (that instance is 50 ms from free; lookahead 20 ms) -- unless
+    # work conservation lets the idle one take it.
+    job = Job.from_request(request("r", 0.0, slo_ms=100.0))
+    proc_ms = np.array([[10.0], [10.0]])
+    idle_keeps = DispatchPolicy(is_work_conserving=False, deadline_margin_frac=0.0)
+    assert plan_round(0.0, [job], [0.0, 50.0], proc_ms, idle_keeps).commits == []
+    conserving = DispatchPolicy(deadline_margin_frac=0.0)
+    assert plan_round(0.0, [job], [0.0, 50.0], proc_ms, conserving).commits == [(0, 0, 10.0)]
+    assert plan_round(0.0, [job], [0.0, 15.0], proc_ms, idle_keeps).commits == [(1, 0, 10.0)]

@@ -1,0 +1,52 @@
+"""The elastic scaler's burst headroom and its scale-in band: counts sized for more than the window's rate, and
+counts that do not flap while a load wanders."""
+from __future__ import annotations
+
+from planner_test_oracles import TableOracle, features, window
+
+from planner.core.elastic import ElasticScaler
+from planner.core.policy import ElasticPolicy
+from planner.core.replica_search import search_min_replicas
+
+
+def _m_star(rate_rps: float) -> int:
+    """m* of the table oracle for a window of `rate_rps` (the test windows: 512 + 128 tokens per request)."""
+    feats = features(rate_rps * 640.0)
+    return search_min_replicas(TableOracle(), {"m": feats}, 0.95, 1.0, 64)["m"].num_replicas
+
+
+def _count(scaler: ElasticScaler, rate_rps: float, now_ms: float) -> int:
+    scaler.observe(window("m", rate_rps, now_ms))
+    target = scaler.tick(now_ms, ["m"], budget_devices=1000).plan.targets[0]
+    return target.num_prefill + target.num_decode
+
+
+def test_headroom_sizes_replicas_for_a_higher_rate():
+    plain = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    roomy = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False,
+                                                       load_headroom=1.5))
+    assert _count(plain, 10.0, 0.0) == _m_star(10.0)
+    assert _count(roomy, 10.0, 0.0) == _m_star(15.0) > _m_star(10.0)
+
+
+def test_counts_inside_the_scale_in_band_stay_put():
+    policy = ElasticPolicy(target_attainment=0.95, is_debounced=False, scale_in_headroom=2.0)
+    scaler = ElasticScaler(TableOracle(), policy)
+    high = _count(scaler, 20.0, 0.0)
+    assert high == _m_star(20.0)
+    # 15 rps needs fewer, but twice 15 rps needs at least as many: keep them (no drain now, no fork later).
+    assert _m_star(15.0) < high <= _m_star(30.0)
+    scaler.observe(window("m", 15.0, 500.0))
+    target = scaler.tick(500.0, ["m"], budget_devices=1000).plan.targets[0]
+    assert target.num_prefill + target.num_decode == high
+    assert "scale-in band" in target.reason
+    # 4 rps: even twice that needs fewer, so the count comes down -- to what twice the rate needs.
+    assert _count(scaler, 4.0, 1000.0) == _m_star(8.0) < high
+    # Growth is never held back by the band.
+    assert _count(scaler, 30.0, 1500.0) == _m_star(30.0)
+
+
+def test_without_a_band_the_count_follows_the_load_down():
+    scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    _count(scaler, 20.0, 0.0)
+    assert _count(scaler, 15.0, 500.0) == _m_star(15.0)
