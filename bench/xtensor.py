@@ -64,10 +64,20 @@ def raw_calls(pool: XTensor, is_populate: bool):
     return cuda_map, cuda_unmap, "cuMemCreate+cuMemMap+cuMemSetAccess / cuMemUnmap+cuMemRelease"
 
 
+def _plan_trim(pool: XTensor, owner: str):
+    """(view, slots): what a maintenance pass plans for an owner above its high watermark (its own code, under the
+    pool lock), for timing the rest of that trim apart."""
+    with pool._lock:
+        kv = pool._owners[owner].kv
+        return kv, pool._start_trim(kv, len(kv.cached_slots) - pool._high)
+
+
 def bench_map_unmap(device: str, num_iters: int, batch_pages: int, is_populate: bool) -> list[list[object]]:
     """`is_populate` False: lazy maps (the cheapest raw call, so the pool's bookkeeping shows most); True: pages
     populated at map time (MAP_POPULATE), as the pool maps KV and weights in production. No hole punching on either
-    side: both do the same kernel work."""
+    side: both do the same kernel work. "unmap 1 page" times a whole maintenance pass, which also scans every owner
+    and plans before it unmaps; "commit alone" times the same trim (the pass's own functions) with the scan and plan
+    left out, to show how much of the gap each part is."""
     page = 2 * MiB
     config = XTensorConfig(kv_low_watermark_pages=0, kv_high_watermark_pages=0, is_background_refill=False,
                            is_populate=is_populate, is_discard_on_free=False)
@@ -77,7 +87,7 @@ def bench_map_unmap(device: str, num_iters: int, batch_pages: int, is_populate: 
         raw_map, raw_unmap, raw_label = raw_calls(pool, is_populate)
         raw_base = pool.backend.reserve(batch_pages)
         pool.reserve_kv("m", batch_pages, device)
-        samples = {key: [] for key in ("raw_map", "raw_unmap", "xt_map", "xt_unmap",
+        samples = {key: [] for key in ("raw_map", "raw_unmap", "xt_map", "xt_unmap", "xt_unmap_commit",
                                        "raw_map_b", "raw_unmap_b", "xt_map_b", "xt_unmap_b")}
         gc.disable()
         for i in range(num_iters):
@@ -89,6 +99,11 @@ def bench_map_unmap(device: str, num_iters: int, batch_pages: int, is_populate: 
             t4 = now_ns(); pool._kv_maintenance_pass(); t5 = now_ns()  # noqa: E702
             samples["raw_map"].append(t1 - t0); samples["raw_unmap"].append(t2 - t1)  # noqa: E702
             samples["xt_map"].append(t3 - t2); samples["xt_unmap"].append(t5 - t4)  # noqa: E702
+            # the same trim split: the pass's scan and plan untimed, its unmap + return to the pool timed
+            pool.release_kv_pages("m", pool.acquire_kv_pages("m", 1))
+            kv, slots = _plan_trim(pool, "m")
+            t6 = now_ns(); pool._finish_trim("m", kv, slots); t7 = now_ns()  # noqa: E702
+            samples["xt_unmap_commit"].append(t7 - t6)
             if i % batch_every:
                 continue
             # a batch of pages: raw, one call over a contiguous run; pool, one refill pass / one trim pass
@@ -110,6 +125,7 @@ def bench_map_unmap(device: str, num_iters: int, batch_pages: int, is_populate: 
     for label, raw_key, xt_key, path in (
             ("map 1 page", "raw_map", "xt_map", "acquire_kv_pages miss (on-demand map)"),
             ("unmap 1 page", "raw_unmap", "xt_unmap", "trim pass: unmap + return to pool"),
+            ("unmap 1 page, commit alone", "raw_unmap", "xt_unmap_commit", "trim pass less its scan and plan"),
             (f"map, per page of {batch_pages}", "raw_map_b", "xt_map_b", "refill pass (background thread's work)"),
             (f"unmap, per page of {batch_pages}", "raw_unmap_b", "xt_unmap_b", "trim pass")):
         raw_med, xt_med = _us(samples[raw_key], 50), _us(samples[xt_key], 50)

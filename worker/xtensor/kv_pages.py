@@ -6,10 +6,9 @@ high one, outside the lock.
 """
 from __future__ import annotations
 
-import heapq
+from heapq import heappop
 from typing import TYPE_CHECKING, Sequence
 
-from .kv_refill import plan_kv_cache
 from .page_table import KV
 from .pool_base import PoolBase, XTensorError
 from .views import KvView, Owner, OwnerState
@@ -69,8 +68,10 @@ class KvPagesMixin(PoolBase):
                 if len(cached) < self._low and self._refill is not None:
                     self._refill.wake()
                 return slots
-            if num_pages == 1 and not kv.num_refilling and kv.free_slots and self._allocator.num_free:
-                return [self._map_one_kv_page(owner, kv)]
+            if num_pages == 1 and not kv.num_refilling and kv.free_slots:
+                slot = self._map_one_kv_page(owner, kv)
+                if slot is not None:
+                    return [slot]
             return self._acquire_kv_mapping(owner, kv, num_pages)
 
     def release_kv_pages(self, owner: str, page_indices: Sequence[int]) -> None:
@@ -122,41 +123,62 @@ class KvPagesMixin(PoolBase):
                 self._wait_for_in_flight(0.1)
 
     def _kv_maintenance_pass(self) -> bool:
+        """One pass over every owner (the refill thread's work). Under the lock: each owner's cache is planned
+        against the watermarks and the pages planned are marked in flight, and idle cached pages move down into
+        holes; outside it, the maps and unmaps, each committed under the lock again. True when it did any work.
+
+        The watermark rule: above the high watermark, the excess idle pages go back (the highest pages first);
+        below the low one (counting pages being mapped), pages are mapped up to the high one, as far as the owner's
+        unmapped slots and the pool's free pages allow. A refill never steals from other models: two caches would
+        chase each other."""
         refills: list[tuple[str, KvView, list[tuple[int, int]]]] = []
         trims: list[tuple[str, KvView, list[int]]] = []
-        low, high = self._low, self._high
         with self._lock:
             if self._is_closed:
                 return False
+            low, high = self._low, self._high
+            has_idle_cache = False  # whether an owner not planned below holds idle pages swap-down could move
             for name, record in self._owners.items():
                 kv = record.kv
                 if kv is None or record.state is not OwnerState.ACTIVE:
                     continue
                 num_cached = len(kv.cached_slots)
-                if low <= num_cached + kv.num_refilling and num_cached <= high:
-                    continue  # within the watermarks: the usual case, decided without a call
-                num_map, num_trim = plan_kv_cache(len(kv.cached_slots), kv.num_refilling, len(kv.free_slots),
-                                                  self._allocator.num_free, self._low, self._high)
-                if num_map:
-                    page_ids = self._allocator.take_low(num_map)
-                    self._pages.assign(page_ids, name, KV)
-                    slots = kv.pop_free_slots(num_map)
-                    for slot, page_id in zip(slots, page_ids):
-                        kv.slot_page[slot] = page_id
-                    kv.num_refilling += num_map
-                    refills.append((name, kv, list(zip(slots, page_ids))))
-                if num_trim:
-                    slots = kv.cached_slots[:num_trim]  # the highest physical pages go back
-                    del kv.cached_slots[:num_trim]
-                    kv.num_trimming += num_trim
-                    self._num_pages_trimming += num_trim
-                    trims.append((name, kv, slots))
-            num_swapped = self._swap_down_idle_kv(self._IDLE_SWAPS_PER_PASS)
+                if num_cached > high:
+                    trims.append((name, kv, self._start_trim(kv, num_cached - high)))
+                    continue
+                num_coming = num_cached + kv.num_refilling
+                if num_coming < low:
+                    num_map = min(high - num_coming, len(kv.free_slots), self._allocator.num_free)
+                    if num_map:
+                        refills.append((name, kv, self._start_refill(name, kv, num_map)))
+                        continue
+                if num_cached:
+                    has_idle_cache = True
+            # Swap-down moves only idle pages of owners with nothing in flight, and the owners planned above are in
+            # flight now: when no other owner holds idle pages (one model trimming or refilling, say), it has nothing
+            # it could move, and is not called.
+            num_swapped = self._swap_down_idle_kv(self._IDLE_SWAPS_PER_PASS) if has_idle_cache else 0
         for name, kv, pairs in refills:
             self._finish_refill(name, kv, pairs)
         for name, kv, slots in trims:
             self._finish_trim(name, kv, slots)
         return bool(refills or trims or num_swapped)
+
+    def _start_refill(self, owner: str, kv: KvView, num_pages: int) -> list[tuple[int, int]]:
+        """Lock held: take the lowest free pages and free slots for a refill, in flight until `_finish_refill`."""
+        slots, page_ids = self._take_kv_slots(owner, kv, num_pages)
+        kv.num_refilling += num_pages
+        return list(zip(slots, page_ids))
+
+    def _start_trim(self, kv: KvView, num_pages: int) -> list[int]:
+        """Lock held: take the idle cached slots on the highest pages out of the cache, in flight until
+        `_finish_trim` gives their pages back (the highest go back, so KV stays packed at the low end)."""
+        cached = kv.cached_slots
+        slots = cached[:num_pages]
+        del cached[:num_pages]
+        kv.num_trimming += num_pages
+        self._num_pages_trimming += num_pages
+        return slots
 
     def _finish_refill(self, owner: str, kv: KvView, pairs: list[tuple[int, int]]) -> None:
         # Populating maps cost real time per page (zeroing, page tables): hand each page to the cache as soon as it
@@ -166,13 +188,10 @@ class KvPagesMixin(PoolBase):
             try:
                 self._map_slots(kv.base_address, chunk)
             except BaseException:
-                rest = [pair for later in chunks[index:] for pair in later]
+                rest = [slot for later in chunks[index:] for slot, _ in later]
                 with self._lock:
                     kv.num_refilling -= len(rest)
-                    page_ids = [page_id for _, page_id in rest]
-                    self._pages.unassign(page_ids, owner, KV)
-                    self._allocator.free_pages(page_ids)
-                    kv.push_free_slots(slot for slot, _ in rest)
+                    self._free_kv_slots(owner, kv, rest)
                     self._cond.notify_all()
                 raise
             with self._lock:
@@ -183,50 +202,44 @@ class KvPagesMixin(PoolBase):
                     self._cond.notify_all()
 
     def _finish_trim(self, owner: str, kv: KvView, slots: list[int]) -> None:
-        page_ids = [kv.slot_page[slot] for slot in slots]  # in flight: no other thread touches these slots
+        """Unmap trimmed slots outside the lock, then give their pages back to the pool (or, if the unmap failed,
+        the slots back to the cache). In flight: no other thread touches these slots meanwhile."""
+        num_slots = len(slots)
         try:
-            if len(slots) == 1:
-                self._backend.unmap_pages(kv.base_address + slots[0] * self._page_size, 1)
-            else:
-                self._unmap_slots(kv.base_address, slots)
+            self._unmap_slots(kv.base_address, slots)
             if self._is_discard_on_kv_trim:
-                self._discard(page_ids)
+                self._discard([kv.slot_page[slot] for slot in slots])
         except BaseException:
             with self._lock:
-                kv.num_trimming -= len(slots)
-                self._num_pages_trimming -= len(slots)
+                kv.num_trimming -= num_slots
+                self._num_pages_trimming -= num_slots
                 for slot in slots:
                     kv.cache_insert(slot)
                 self._cond.notify_all()
             raise
         with self._lock:
-            kv.num_trimming -= len(slots)
-            self._num_pages_trimming -= len(slots)
-            kv.push_free_slots(slots)
-            if len(page_ids) == 1:
-                self._pages.unassign_one(page_ids[0], owner, KV)
-                self._allocator.free_run(page_ids[0], 1)
-            else:
-                self._pages.unassign(page_ids, owner, KV)
-                self._allocator.free_pages(page_ids)
-            self._stats.num_kv_pages_trimmed += len(slots)
+            kv.num_trimming -= num_slots
+            self._num_pages_trimming -= num_slots
+            self._free_kv_slots(owner, kv, slots)
+            self._stats.num_kv_pages_trimmed += num_slots
             if self._num_waiting:
                 self._cond.notify_all()
 
     # ---- internals (callers hold the lock) --------------------------------------------------------------------
-    def _map_one_kv_page(self, owner: str, kv: KvView) -> int:
-        """A cache miss for one page with a free page and slot at hand: the leanest on-demand map."""
+    def _map_one_kv_page(self, owner: str, kv: KvView) -> int | None:
+        """A cache miss for one page with a free slot at hand: the leanest on-demand map. None (nothing taken) when
+        the pool has no free page: the general path reclaims or waits."""
         page_id = self._allocator.take_lowest()
+        if page_id is None:
+            return None
         self._pages.assign_one(page_id, owner, KV)
-        slot = heapq.heappop(kv.free_slots)
+        slot = heappop(kv.free_slots)
         kv.slot_page[slot] = page_id
         try:
             self._backend.map_pages(kv.base_address + slot * self._page_size, page_id, 1,
                                     is_populate=self._is_populate)
         except BaseException:
-            self._pages.unassign((page_id,), owner, KV)
-            self._allocator.free_run(page_id, 1)
-            kv.push_free_slots((slot,))
+            self._free_kv_slots(owner, kv, [slot])
             raise
         kv.in_use_slots.add(slot)
         self._stats.num_kv_cache_misses += 1
@@ -256,12 +269,7 @@ class KvPagesMixin(PoolBase):
                 return None
             self._wait_for_in_flight()
             kv = self._active_kv(owner)
-        page_ids = self._allocator.take_low(num_new)
-        self._pages.assign(page_ids, owner, KV)
-        slots = kv.pop_free_slots(num_new)
-        slot_page = kv.slot_page
-        for slot, page_id in zip(slots, page_ids):
-            slot_page[slot] = page_id
+        slots, page_ids = self._take_kv_slots(owner, kv, num_new)
         try:
             if num_new == 1:  # the usual miss: one backend call, no run grouping
                 self._backend.map_pages(kv.base_address + slots[0] * self._page_size, page_ids[0], 1,
@@ -269,9 +277,7 @@ class KvPagesMixin(PoolBase):
             else:
                 self._map_slots(kv.base_address, zip(slots, page_ids))
         except BaseException:
-            self._pages.unassign(page_ids, owner, KV)
-            self._allocator.free_pages(page_ids)
-            kv.push_free_slots(slots)
+            self._free_kv_slots(owner, kv, slots)
             raise
         if cached:
             slots = cached[::-1] + slots

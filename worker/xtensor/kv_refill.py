@@ -3,7 +3,8 @@
 Each model keeps a few KV pages mapped into its view but not handed out. `acquire_kv_pages` takes from there (no
 driver call); when the cache falls below the low watermark the thread maps pages up to the high watermark, and when
 released pages push it above the high watermark the thread unmaps the excess (highest physical pages first, so KV
-stays packed at the low end of the pool) and returns it to the pool.
+stays packed at the low end of the pool) and returns it to the pool. The rule itself is applied, owner by owner, in
+`KvPagesMixin._kv_maintenance_pass` (kv_pages.py), which this thread runs.
 """
 from __future__ import annotations
 
@@ -12,18 +13,6 @@ import threading
 from typing import Callable
 
 log = logging.getLogger(__name__)
-
-
-def plan_kv_cache(num_cached: int, num_refilling: int, num_free_slots: int, num_pool_free: int,
-                  low_watermark: int, high_watermark: int) -> tuple[int, int]:
-    """(pages to map into the cache, idle pages to give back). Refill is capped by the owner's unmapped slots and
-    the pool's free pages; it never steals from other models (that would make two caches chase each other)."""
-    if num_cached > high_watermark:
-        return 0, num_cached - high_watermark
-    if num_cached + num_refilling < low_watermark:
-        wanted = high_watermark - num_cached - num_refilling
-        return max(0, min(wanted, num_free_slots, num_pool_free)), 0
-    return 0, 0
 
 
 class KvRefillThread:

@@ -43,10 +43,8 @@ class LifecycleMixin(PoolBase):
             self._unmap_slots(weights.base_address, range(len(weight_pages)))
         self._discard(kv_pages + weight_pages)
         with self._lock:
-            if kv_pages:
-                self._pages.unassign(kv_pages, owner, KV)
-                self._allocator.free_pages(kv_pages)
-                kv.push_free_slots(kv_slots)
+            if kv_slots:
+                self._free_kv_slots(owner, kv, kv_slots)
             if weight_pages:
                 self._pages.unassign(weight_pages, owner, WEIGHTS)
                 self._allocator.free_pages(weight_pages)
@@ -154,7 +152,5 @@ class LifecycleMixin(PoolBase):
             self._pages.unassign(weight_pages, record.name, WEIGHTS)
             self._allocator.free_pages(weight_pages)
         if kv_slots:
-            self._pages.unassign(kv_pages, record.name, KV)
-            self._allocator.free_pages(kv_pages)
-            record.kv.push_free_slots(kv_slots)
+            self._free_kv_slots(record.name, record.kv, kv_slots)
         record.state = OwnerState.ASLEEP

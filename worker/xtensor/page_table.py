@@ -36,18 +36,20 @@ class PageTable:
     def assign_one(self, page_id: int, owner: str, kind: str) -> None:
         """`assign([page_id], ...)` without the loop: the on-demand KV path maps one page at a time."""
         entry = (owner, kind)
-        if self._owner_kind[page_id] is not None:
-            raise PageOwnershipError(f"page {page_id} is already owned by {self._owner_kind[page_id]}, not free for "
-                                     f"{entry}")
-        self._owner_kind[page_id] = entry
+        table = self._owner_kind
+        if table[page_id] is not None:
+            raise PageOwnershipError(f"page {page_id} is already owned by {table[page_id]}, not free for {entry}")
+        table[page_id] = entry
         counts = self._num_pages_by_owner_kind
         counts[entry] = counts.get(entry, 0) + 1
 
     def unassign_one(self, page_id: int, owner: str, kind: str) -> None:
+        """`unassign([page_id], ...)` without the loop: a trim gives back one page at a time."""
         entry = (owner, kind)
-        if self._owner_kind[page_id] != entry:
-            raise PageOwnershipError(f"page {page_id} is owned by {self._owner_kind[page_id]}, not by {entry}")
-        self._owner_kind[page_id] = None
+        table = self._owner_kind
+        if table[page_id] != entry:
+            raise PageOwnershipError(f"page {page_id} is owned by {table[page_id]}, not by {entry}")
+        table[page_id] = None
         counts = self._num_pages_by_owner_kind
         remaining = counts[entry] - 1
         if remaining:

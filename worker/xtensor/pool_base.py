@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from contracts.worker import PageCounters
 
@@ -18,7 +18,7 @@ from .kv_refill import KvRefillThread
 from .page_allocator import PageAllocator, runs_of
 from .page_table import KV, WEIGHTS, PageTable
 from .region import GlobalRegion
-from .views import Owner, OwnerState, mapping_runs, slot_runs
+from .views import KvView, Owner, OwnerState, mapping_runs, slot_runs
 
 if TYPE_CHECKING:
     import torch
@@ -172,14 +172,36 @@ class PoolBase:
             count = min(num_pages - num_reclaimed, len(kv.cached_slots))
             slots = kv.cached_slots[:count]
             del kv.cached_slots[:count]
-            page_ids = [kv.slot_page[slot] for slot in slots]
             self._unmap_slots(kv.base_address, slots)
-            kv.push_free_slots(slots)
-            self._pages.unassign(page_ids, victim.name, KV)
-            self._allocator.free_pages(page_ids)
+            self._free_kv_slots(victim.name, kv, slots)
             num_reclaimed += count
         self._stats.num_kv_pages_reclaimed += num_reclaimed
         return num_reclaimed
+
+    def _take_kv_slots(self, owner: str, kv: KvView, num_pages: int) -> tuple[list[int], list[int]]:
+        """(slots, page ids), num_pages of each known to be free: the lowest free pages, owned by `owner` and recorded
+        behind its lowest free slots, not mapped yet. `_free_kv_slots` gives them back."""
+        page_ids = self._allocator.take_low(num_pages)
+        self._pages.assign(page_ids, owner, KV)
+        slots = kv.pop_free_slots(num_pages)
+        slot_page = kv.slot_page
+        for slot, page_id in zip(slots, page_ids):
+            slot_page[slot] = page_id
+        return slots, page_ids
+
+    def _free_kv_slots(self, owner: str, kv: KvView, slots: list[int]) -> None:
+        """Slots unmapped (or never mapped): their pages back to the free pool, the slots back to the owner's free
+        heap. The page table still checks ownership and the allocator double frees, one page or many."""
+        slot_page = kv.slot_page
+        if len(slots) == 1:  # the usual trim: one page, no list and no run grouping
+            page_id = slot_page[slots[0]]
+            self._pages.unassign_one(page_id, owner, KV)
+            self._allocator.free_run(page_id, 1)
+        else:
+            page_ids = [slot_page[slot] for slot in slots]
+            self._pages.unassign(page_ids, owner, KV)
+            self._allocator.free_pages(page_ids)
+        kv.push_free_slots(slots)
 
     def _make_free(self, num_pages: int) -> bool:
         """Whether num_pages are free, after taking back idle cached KV pages and waiting for pages the refill
@@ -212,9 +234,8 @@ class PoolBase:
             self._backend.map_pages(base_address + first_slot * page, first_page, count,
                                     is_populate=self._is_populate)
 
-    def _unmap_slots(self, base_address: int, slots: Iterable[int]) -> None:
-        slots = list(slots)
-        if len(slots) == 1:
+    def _unmap_slots(self, base_address: int, slots: Sequence[int]) -> None:
+        if len(slots) == 1:  # the usual trim: skip run grouping
             self._backend.unmap_pages(base_address + slots[0] * self._page_size, 1)
             return
         for first_slot, count in slot_runs(slots):

@@ -7,9 +7,9 @@ valid views while pages are mapped into and out of it (KV churn, sleep, wake). S
 from __future__ import annotations
 
 import bisect
-import heapq
 from dataclasses import dataclass, field
 from enum import Enum
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
@@ -68,12 +68,14 @@ class KvView:
         self.cached_slots.sort(key=lambda s: -slot_page[s])
 
     def pop_free_slots(self, count: int) -> list[int]:
-        return [heapq.heappop(self.free_slots) for _ in range(count)]
+        free_slots = self.free_slots
+        return [heappop(free_slots) for _ in range(count)]
 
     def push_free_slots(self, slots: Iterable[int]) -> None:
+        slot_page, free_slots = self.slot_page, self.free_slots
         for slot in slots:
-            self.slot_page[slot] = UNMAPPED
-            heapq.heappush(self.free_slots, slot)
+            slot_page[slot] = UNMAPPED
+            heappush(free_slots, slot)
 
 
 @dataclass

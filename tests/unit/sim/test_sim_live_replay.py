@@ -35,11 +35,36 @@ def test_client_times_become_the_same_outcomes_as_the_simulator():
     assert np.isnan(out.first_token_s[2]) and out.finish_s[0] == 0.7
 
 
+def _wait_until_every_model_answers(url: str, timeout_s: float = 180.0) -> None:
+    """`janus up` prints its URL once the services run; a model may still be loading. The replay measures the
+    served stack, so wait until each listed model completes one token (a loaded box can take a while)."""
+    import httpx
+
+    headers = {"Authorization": "Bearer unused"}
+    models = [m["id"] for m in httpx.get(url + "/v1/models", headers=headers, timeout=30).json()["data"]]
+    deadline = time.monotonic() + timeout_s
+    for model in models:
+        while True:
+            resp = httpx.post(url + "/v1/completions", json={"model": model, "prompt": [11, 12], "max_tokens": 1}, headers=headers,
+                              timeout=60)
+            if resp.status_code == 200:
+                break
+            assert time.monotonic() < deadline, f"{model} never answered: {resp.status_code} {resp.text[:200]}"
+            time.sleep(1.0)
+
+
 @pytest.mark.slow
 @needs_traces
 def test_replay_against_janus_up(tmp_path):
     janus = Path(sys.executable).parent / "janus"
-    proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(tmp_path / "state")],
+    # The replay scores with generous SLOs; the stack must plan with them too, or a loaded CI box (a demo-small
+    # prefill of ~0.7 s, a few queued) makes the dispatcher reject for the default 2 s TTFT SLO.
+    config = tmp_path / "cluster.yaml"
+    config.write_text("models:\n"
+                      "  - {name: demo-tiny, demo: demo-tiny, ttft_slo_ms: 60000, tpot_slo_ms: 10000}\n"
+                      "  - {name: demo-small, demo: demo-small, ttft_slo_ms: 60000, tpot_slo_ms: 10000}\n")
+    proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(tmp_path / "state"),
+                             "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url, deadline = None, time.monotonic() + 300
@@ -50,6 +75,7 @@ def test_replay_against_janus_up(tmp_path):
             if "gateway at " in line:
                 url = line.split("gateway at ", 1)[1].split()[0]
         assert url, "janus up did not start"
+        _wait_until_every_model_answers(url)
         out = tmp_path / "report"
         code = main(["--gateway", url, "--trace", "arena", "--max-requests", "12", "--compression", "20",
                      "--max-input-tokens", "32", "--max-output-tokens", "8", "--ttft-slo-ms", "60000",

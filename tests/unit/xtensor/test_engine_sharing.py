@@ -65,7 +65,10 @@ def test_two_models_trade_kv_pages_and_serve_the_plain_pool_outputs(demo_model_d
     expected = serve_scenario(plain_a, plain_b, lambda phase: (lambda: None))
 
     num_weight_pages = sum(-(-e.weight_layout.total_bytes // PAGE) for e in (plain_a, plain_b))
-    pool_config = XTensorConfig(page_size_bytes=PAGE, kv_low_watermark_pages=1, kv_high_watermark_pages=2)
+    # Cache maintenance runs between steps here, not on the refill thread: where the thread's passes fall against
+    # the engines' steps decides whether a hole exists when compaction looks, and the test must not hang on that.
+    pool_config = XTensorConfig(page_size_bytes=PAGE, kv_low_watermark_pages=1, kv_high_watermark_pages=2,
+                                is_background_refill=False)
     with XTensor.open("cpu", (num_weight_pages + NUM_KV_PAGES) * PAGE, pool_config) as pool:
         engine_a = LLMEngine(demo_model_dirs["demo-tiny"], config=engine_config, kv_source=pool,
                              weight_source=pool, owner="A")
@@ -89,7 +92,11 @@ def test_two_models_trade_kv_pages_and_serve_the_plain_pool_outputs(demo_model_d
             return record
 
         # Between an engine's steps, the pool may move that engine's pages (KV with live contents) to close holes.
-        got = serve_scenario(engine_a, engine_b, observe, lambda engine: pool.compact(engine.owner, max_moves=4))
+        def maintain_and_compact(engine) -> None:
+            pool.run_kv_maintenance()
+            pool.compact(engine.owner, max_moves=4)
+
+        got = serve_scenario(engine_a, engine_b, observe, maintain_and_compact)
         stats = pool.stats()
 
     assert got == expected  # same greedy tokens for every request, burst and light, in every phase
@@ -116,7 +123,10 @@ def test_a_sleeping_engine_wakes_under_the_same_views_and_serves_again(demo_mode
             tokens += [t for out in engine.step() for t in out.token_ids]
         return tokens
 
-    pool_config = XTensorConfig(page_size_bytes=PAGE, kv_low_watermark_pages=1, kv_high_watermark_pages=2)
+    # Cache maintenance runs between steps here, not on the refill thread: where the thread's passes fall against
+    # the engines' steps decides whether a hole exists when compaction looks, and the test must not hang on that.
+    pool_config = XTensorConfig(page_size_bytes=PAGE, kv_low_watermark_pages=1, kv_high_watermark_pages=2,
+                                is_background_refill=False)
     with XTensor.open("cpu", 160 * PAGE, pool_config) as pool:
         engine = LLMEngine(demo_model_dirs["demo-small"], config=engine_config, kv_source=pool, weight_source=pool,
                            owner="B")
