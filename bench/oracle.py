@@ -8,6 +8,10 @@ measurement of a held-out point is trained on). Baseline: the roofline model cal
 efficiencies are stored in the profile), on the same held-out points. Tick: one elastic-scaler tick, the binary
 search of planner.core.replica_search over m = 1..64 for 62 models (one batched oracle call per round), with the
 profile's fitted Elasticity GP installed for every model; baseline: the same tick answered by the roofline.
+Four GP variants side by side: identity or logit target x logistic (default) or constant prior mean (the model
+before 2026-11-30). The tick also counts implausible answers far from the data: loads at least as heavy as a
+profiled point that missed 0.9 with m replicas, answered with m* <= m. Merged profiles' HBM and bandwidth needs are
+converted to the first profile's calibrated device (`in_units_of`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +43,19 @@ def roofline_of(ts: TrainingSet) -> RooflineModel:
                          efficiency=Efficiency(**meta["efficiency"]))
 
 
+def in_units_of(base: TrainingSet, other: TrainingSet) -> TrainingSet:
+    """`other`'s capacity samples with HBM and bandwidth needs as fractions of `base`'s device. Each profile's device
+    is calibrated on its own (`calibrate_cpu`, about a second on a shared machine: memcpy from 1.1 to 6.6 GB/s was
+    measured across four profiles), so merging needs one unit; compute is a share of time, the same in both."""
+    ours, theirs = base.meta.get("device", {}), other.meta.get("device", {})
+    hbm = theirs.get("hbm_bytes", 1.0) / ours.get("hbm_bytes", 1.0)
+    bandwidth = theirs.get("hbm_bytes_per_s", 1.0) / ours.get("hbm_bytes_per_s", 1.0)
+    other.capacity = [replace(s, needs=s.needs.model_copy(update={"hbm": s.needs.hbm * hbm,
+                                                                   "bandwidth": s.needs.bandwidth * bandwidth}))
+                      for s in other.capacity]
+    return other
+
+
 def folds_of(ts: TrainingSet, num_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Fold of each elasticity sample and of each capacity sample (grouped by grid point)."""
     num_points = len(ts.elasticity)
@@ -52,10 +70,10 @@ def pct(values: list[float] | np.ndarray, q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def accuracy(ts: TrainingSet, num_folds: int, k: float, seed: int, target: str) -> dict[str, dict[str, float]]:
+def accuracy(ts: TrainingSet, num_folds: int, k: float, seed: int, policy: OraclePolicy) \
+        -> dict[str, dict[str, float]]:
     from oracle.gp import fit_capacity, fit_elasticity
 
-    policy = OraclePolicy(attainment_target=target)
     roofline = roofline_of(ts)
     point_fold, cap_fold = folds_of(ts, num_folds, seed)
     att = {"gp": [], "roofline": []}
@@ -123,6 +141,15 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
     features = {n: s.features.model_copy(update={"token_rate_tps": s.features.token_rate_tps * f})
                 for n, s, f in zip(names, samples, scale)}
 
+    def implausible(oracle: Oracle) -> tuple[int, int]:
+        """Loads at least a profiled point's whose attainment missed the target with m replicas, answered with
+        m* <= m (more load cannot need fewer replicas): how many, of how many such loads."""
+        result = search_min_replicas(oracle, features, target_attainment=0.9, k_sigma=1.0,
+                                     max_num_replicas=max_replicas)
+        cases = [n for n, s, f in zip(names, samples, scale) if f >= 1 and s.attainment < 0.9]
+        bad = [n for n, s in zip(names, samples) if n in cases and result[n].num_replicas <= s.num_replicas]
+        return len(bad), len(cases)
+
     def timed(oracle: Oracle, ticks: int) -> tuple[list[float], int]:
         times, rounds = [], 0
         for tick in range(ticks):
@@ -136,6 +163,10 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
             rounds = max(r.num_rounds for r in result.values())
         return times, rounds
 
+    constant = fit_elasticity(ts.elasticity, OraclePolicy(elasticity_mean="constant"))  # the model before
+    constant_oracle = Oracle({n: profile for n in names}, policy=OraclePolicy(max_grid_replicas=max_replicas))
+    for name in names:
+        constant_oracle.install(name, elasticity=constant)
     timed(gp_oracle, 2)  # warm caches
     gp_times, gp_rounds = timed(gp_oracle, num_ticks)
     rf_times, rf_rounds = timed(rf_oracle, max(2, num_ticks // 5))
@@ -150,7 +181,9 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
         grid_times.append((time.perf_counter() - started) * 1e3)
     return {"gp_ms": statistics.median(gp_times), "gp_p90_ms": pct(gp_times, 90), "gp_rounds": gp_rounds,
             "roofline_ms": statistics.median(rf_times), "roofline_rounds": rf_rounds,
-            "grid_call_ms": statistics.median(grid_times), "train_points": predictor.posterior.num_train}
+            "grid_call_ms": statistics.median(grid_times), "train_points": predictor.posterior.num_train,
+            "gp_implausible": implausible(gp_oracle), "roofline_implausible": implausible(rf_oracle),
+            "constant_implausible": implausible(constant_oracle)}
 
 
 def fit_speed(ts: TrainingSet, seed: int) -> list[tuple[str, float, float]]:
@@ -195,16 +228,20 @@ def main(argv: list[str] | None = None) -> int:
         other = TrainingSet.load(path)
         if (other.ttft_slo_ms, other.tpot_slo_ms) != (ts.ttft_slo_ms, ts.tpot_slo_ms):
             raise SystemExit(f"{path}: other SLOs than {args.profile[0]}: profiles of one model, same SLOs only")
-        ts.extend(other)
+        ts.extend(in_units_of(ts, other))
     command = "python bench/oracle.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"# oracle bench: {ts.model}, {len(ts.elasticity)} grid points, {len(ts.capacity)} replica samples, "
           f"SLO TTFT {ts.ttft_slo_ms:g} ms / TPOT {ts.tpot_slo_ms:g} ms\n# command: {command}\n")
 
     print(f"## Accuracy on held-out profiles ({args.folds}-fold CV by grid point)\n")
-    print("| figure | paper | GP (identity) | GP (logit) | roofline (calibrated, same points) | GP / roofline |")
-    print("|---|---|---|---|---|---|")
-    results = {t: accuracy(ts, args.folds, args.k_sigma, args.seed, t) for t in ("identity", "logit")}
-    ident, logit = results["identity"], results["logit"]
+    # the default (identity target, logistic prior mean) first; the constant mean is the model before the logistic
+    variants = [("identity", "logistic"), ("logit", "logistic"), ("identity", "constant"), ("logit", "constant")]
+    print("| figure | paper | " + " | ".join(f"GP ({t}, {m} mean)" for t, m in variants)
+          + " | roofline (calibrated, same points) | GP default / roofline |")
+    print("|---|---|" + "---|" * len(variants) + "---|---|")
+    results = [accuracy(ts, args.folds, args.k_sigma, args.seed,
+                        OraclePolicy(attainment_target=t, elasticity_mean=m)) for t, m in variants]
+    ident = results[0]
     rows = [("attainment abs error, median (points)", "att_median"), ("attainment abs error, P90 (points)", "att_p90"),
             ("compute need rel error, P90 (%)", "compute_p90"), ("bandwidth need rel error, P90 (%)", "bandwidth_p90"),
             ("HBM need rel error, P90 (%)", "hbm_p90"),
@@ -215,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         rf = ident["roofline"][key]
         gp = ident["gp"][key]
         ratio = gp / rf if rf else float("nan")
-        print(f"| {label} | {paper if paper is not None else '-'} | {gp:.1f} | {logit['gp'][key]:.1f} | {rf:.1f} | "
-              f"{ratio:.2f} |")
+        gps = " | ".join(f"{r['gp'][key]:.1f}" for r in results)
+        print(f"| {label} | {paper if paper is not None else '-'} | {gps} | {rf:.1f} | {ratio:.2f} |")
     print(f"\n(held-out: {ident['gp']['num_points']} grid points, {ident['gp']['num_capacity']} replica samples; "
           f"the roofline's sigma is the oracle's default for it: 0.1 attainment, 25 % of a need)\n")
 
@@ -229,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| one tick, P90 (ms) | {t['gp_p90_ms']:.1f} | - | - | - |")
     print(f"| batched oracle calls per tick | {t['gp_rounds']} | {t['roofline_rounds']} | - | - |")
     print(f"| one call, every m = 1..{args.max_replicas} for all models (ms) | {t['grid_call_ms']:.1f} | - | - | - |")
+    (gp_bad, cases), (rf_bad, _) = t["gp_implausible"], t["roofline_implausible"]
+    print(f"| m* <= m for a load >= a profiled point that missed 0.9 with m replicas (of {cases}) | {gp_bad} "
+          f"(constant mean: {t['constant_implausible'][0]}) | {rf_bad} | - | 0 |")
     print(f"\n(GP trained on {t['train_points']} points; median of {args.ticks} ticks)")
     if args.fit_speed:
         rows = fit_speed(ts, args.seed)

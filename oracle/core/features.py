@@ -11,6 +11,11 @@ from contracts import LoadFeatures
 
 CAPACITY_INPUTS = ("log_token_rate", "log_input_mean", "log_input_std", "log_output_mean")
 ELASTICITY_INPUTS = CAPACITY_INPUTS + ("log_replicas", "log_token_rate_per_replica")
+# Weight signs of the Elasticity GP's logistic prior mean (oracle/gp/exact.LogisticMean), one per input: the knee
+# sits at a per-replica load set by the length mix (free weights); attainment falls with the load per replica
+# ("down") and pooling more replicas helps at the same load per replica ("up"). The total rate is left out
+# (log rate = log m + log rate per replica): so the mean is non-decreasing in m by construction.
+ELASTICITY_MEAN_SIGNS = ("off", "free", "free", "free", "up", "down")
 
 
 def capacity_row(features: LoadFeatures) -> list[float]:

@@ -12,6 +12,8 @@ class OraclePolicy:
     num_train_iters: int = 40  # L-BFGS iterations
     need_floor: float = 1e-4  # needs are learnt as log(need + floor)
     attainment_target: Literal["identity", "logit"] = "identity"
+    # Elasticity GP prior mean: a logistic knee in the load per replica (the GP models the residual), or constant
+    elasticity_mean: Literal["logistic", "constant"] = "logistic"
     logit_clip: float = 0.005  # attainment clipped to [clip, 1 - clip] before a logit
     refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
     refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
@@ -20,5 +22,7 @@ class OraclePolicy:
     def __post_init__(self) -> None:
         if self.max_grid_replicas < 1 or self.max_train_points < 8 or self.num_train_iters < 1:
             raise ValueError("OraclePolicy: max_grid_replicas >= 1, max_train_points >= 8, num_train_iters >= 1")
+        if self.elasticity_mean not in ("logistic", "constant"):
+            raise ValueError(f"OraclePolicy: elasticity_mean logistic or constant, got {self.elasticity_mean!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")

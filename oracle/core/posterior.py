@@ -5,13 +5,18 @@ path runs without torch and without autograd. Inputs are standardised with the t
 targets with theirs. Several independent outputs (the Capacity GP's three needs) share the inputs and are stacked
 on a leading batch axis `b`.
 
-Predictive mean  mu(x)  = c + k(x, X) alpha,              alpha = (K + s2 I)^-1 (y - c)
+Predictive mean  mu(x)  = m(x) + k(x, X) alpha,           alpha = (K + s2 I)^-1 (y - m(X))
 Predictive var   v(x)   = o - ||L^-1 k(X, x)||^2 + s2      (noise included: held-out points are noisy observations)
+
+The prior mean m(x) is a constant c, or (the Elasticity GP) a logistic in the standardised inputs x:
+m(x) = c + a * sigmoid(w0 + w . x) with a >= 0 (`mean_amplitude`, `mean_bias`, `mean_weights`; all zero: constant).
+The noise s2 is constant, or with the logistic mean s2(x) = s2 + s2_knee * 4 p (1 - p), p = sigmoid(w0 + w . x)
+(`knee_noise`): labels at the knee are noisier than on the plateaus. K's diagonal and v(x) use s2(x).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -35,6 +40,19 @@ class GPPosterior:
     constant: np.ndarray  # (b,) constant mean, standardised space
     alpha: np.ndarray  # (b, n)
     chol_inv: np.ndarray  # (b, n, n) inverse of the Cholesky factor of K + s2 I
+    # logistic prior mean (standardised space), None = constant mean: c + a * sigmoid(w0 + w . x)
+    mean_weights: np.ndarray | None = None  # (b, d) w
+    mean_bias: np.ndarray | None = None  # (b,) w0
+    mean_amplitude: np.ndarray | None = None  # (b,) a
+    knee_noise: np.ndarray | None = None  # (b,) s2_knee, None = 0
+
+    def __post_init__(self) -> None:
+        b, d = self.alpha.shape[0], self.x_train.shape[1]
+        for name, shape in (("mean_weights", (b, d)), ("mean_bias", (b,)), ("mean_amplitude", (b,)),
+                            ("knee_noise", (b,))):
+            value = getattr(self, name)
+            value = np.zeros(shape) if value is None else np.asarray(value, float).reshape(shape)
+            object.__setattr__(self, name, value)
 
     @property
     def num_outputs(self) -> int:
@@ -51,24 +69,36 @@ class GPPosterior:
     @classmethod
     def from_hyperparameters(cls, x_raw: np.ndarray, y_raw: np.ndarray, lengthscales: np.ndarray,
                              outputscale: np.ndarray, noise: np.ndarray, constant: np.ndarray,
-                             x_mean: np.ndarray, x_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray) \
-            -> "GPPosterior":
+                             x_mean: np.ndarray, x_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray,
+                             mean_weights: np.ndarray | None = None, mean_bias: np.ndarray | None = None,
+                             mean_amplitude: np.ndarray | None = None, knee_noise: np.ndarray | None = None) \
+            -> GPPosterior:
         """Build the posterior from fitted hyperparameters (all in standardised space) and the raw data."""
         x = (np.asarray(x_raw, float) - x_mean) / x_std
         y = (np.asarray(y_raw, float).reshape(len(x), -1) - y_mean) / y_std  # (n, b)
         b = y.shape[1]
+        shell = cls(np.asarray(x_mean, float), np.asarray(x_std, float), np.asarray(y_mean, float),
+                    np.asarray(y_std, float), x, np.asarray(lengthscales, float).reshape(b, -1),
+                    np.asarray(outputscale, float).reshape(b), np.asarray(noise, float).reshape(b),
+                    np.asarray(constant, float).reshape(b), np.zeros((b, len(x))), np.zeros((b, len(x), len(x))),
+                    mean_weights, mean_bias, mean_amplitude, knee_noise)
+        prior, noise = shell.prior(x)  # (n, b) each
         alphas, chol_invs = [], []
         for j in range(b):
-            k = _rbf(x, x, lengthscales[j], outputscale[j])
-            k[np.diag_indices_from(k)] += noise[j]
+            k = _rbf(x, x, shell.lengthscales[j], shell.outputscale[j])
+            k[np.diag_indices_from(k)] += noise[:, j]
             chol = np.linalg.cholesky(k + 1e-9 * np.eye(len(x)))
             chol_inv = np.linalg.solve(chol, np.eye(len(x)))
-            alphas.append(chol_inv.T @ (chol_inv @ (y[:, j] - constant[j])))
+            alphas.append(chol_inv.T @ (chol_inv @ (y[:, j] - prior[:, j])))
             chol_invs.append(chol_inv)
-        return cls(np.asarray(x_mean, float), np.asarray(x_std, float), np.asarray(y_mean, float),
-                   np.asarray(y_std, float), x, np.asarray(lengthscales, float).reshape(b, -1),
-                   np.asarray(outputscale, float).reshape(b), np.asarray(noise, float).reshape(b),
-                   np.asarray(constant, float).reshape(b), np.stack(alphas), np.stack(chol_invs))
+        return replace(shell, alpha=np.stack(alphas), chol_inv=np.stack(chol_invs))
+
+    def prior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The prior mean and the noise variance, each (n, b), at standardised inputs x (n, d), standardised units."""
+        stacked = np.broadcast_to(x, (self.num_outputs, *x.shape))
+        mean, noise = logistic_prior(stacked, self.constant, self.mean_amplitude, self.mean_bias, self.mean_weights,
+                                     self.noise, self.knee_noise)
+        return mean.T, noise.T
 
     def predict(self, x_raw: np.ndarray, include_noise: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std, both (m, b), in the targets' units."""
@@ -77,6 +107,7 @@ class GPPosterior:
             raise ValueError(f"expected {self.num_inputs} inputs per row, got {x.shape[1]}")
         means = np.empty((len(x), self.num_outputs))
         stds = np.empty((len(x), self.num_outputs))
+        prior, noise = self.prior((x - self.x_mean) / self.x_std)
         for j in range(self.num_outputs):
             # one affine map takes raw inputs to length-scale units; training inputs are stored that way
             scale = self.x_std * self.lengthscales[j]
@@ -85,8 +116,8 @@ class GPPosterior:
             sq = (z * z).sum(1)[:, None] + self._scaled_train_sq[j][None, :] - 2.0 * (z @ z_train.T)
             k_star = self.outputscale[j] * np.exp(-0.5 * np.clip(sq, 0.0, MAX_SQ_DIST))
             v = k_star @ self.chol_inv[j].T  # rows: L^-1 k(X, x)
-            var = self.outputscale[j] - np.einsum("ij,ij->i", v, v) + (self.noise[j] if include_noise else 0.0)
-            means[:, j] = (self.constant[j] + k_star @ self.alpha[j]) * self.y_std[j] + self.y_mean[j]
+            var = self.outputscale[j] - np.einsum("ij,ij->i", v, v) + (noise[:, j] if include_noise else 0.0)
+            means[:, j] = (prior[:, j] + k_star @ self.alpha[j]) * self.y_std[j] + self.y_mean[j]
             stds[:, j] = np.sqrt(np.maximum(var, 1e-12)) * self.y_std[j]
         return means, stds
 
@@ -102,9 +133,22 @@ class GPPosterior:
         return json.dumps({k: np.asarray(getattr(self, k)).tolist() for k in self.__dataclass_fields__})
 
     @classmethod
-    def from_json(cls, text: str) -> "GPPosterior":
+    def from_json(cls, text: str) -> GPPosterior:
         raw: dict[str, Any] = json.loads(text)
-        return cls(**{k: np.asarray(v, dtype=float) for k, v in raw.items()})
+        return cls(**{k: np.asarray(v, dtype=float) for k, v in raw.items()})  # older JSON: constant mean
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow for large |z|
+
+
+def logistic_prior(x: np.ndarray, constant: np.ndarray, amplitude: np.ndarray, bias: np.ndarray,
+                   weights: np.ndarray, noise: np.ndarray, knee_noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prior mean c + a p and noise variance s2 + s2_knee 4 p (1 - p), p = sigmoid(w0 + w . x), for standardised
+    inputs x (b, g, d), one set of parameters per row b: each (b, g). Rows with a == 0 and s2_knee == 0 are the
+    constant mean and noise."""
+    p = sigmoid(bias[:, None] + np.einsum("bgd,bd->bg", x, weights))
+    return constant[:, None] + amplitude[:, None] * p, noise[:, None] + knee_noise[:, None] * 4.0 * p * (1.0 - p)
 
 
 def _rbf(a: np.ndarray, b: np.ndarray, lengthscales: np.ndarray, outputscale: float) -> np.ndarray:

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from oracle.core.dataset import CapacitySample, ElasticitySample
-from oracle.core.features import capacity_inputs, elasticity_inputs
+from oracle.core.features import ELASTICITY_MEAN_SIGNS, capacity_inputs, elasticity_inputs
 from oracle.core.policy import OraclePolicy
 from oracle.core.predictors import CapacityPredictor, ElasticityPredictor, data_version, logit
 
@@ -39,6 +39,7 @@ def fit_elasticity(samples: Sequence[ElasticitySample], policy: OraclePolicy = O
     y = np.array([s.attainment for s in chosen], dtype=float)
     if policy.attainment_target == "logit":
         y = logit(y, policy.logit_clip)
-    posterior = fit_exact_gp(x, y, num_iters=policy.num_train_iters)
-    return ElasticityPredictor(posterior, policy.attainment_target,
-                               data_version(f"elasticity-{policy.attainment_target}", x, y))
+    signs = ELASTICITY_MEAN_SIGNS if policy.elasticity_mean == "logistic" else None
+    posterior = fit_exact_gp(x, y, num_iters=policy.num_train_iters, mean_signs=signs)
+    kind = f"elasticity-{policy.attainment_target}-{policy.elasticity_mean}"
+    return ElasticityPredictor(posterior, policy.attainment_target, data_version(kind, x, y))
