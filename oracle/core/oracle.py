@@ -153,10 +153,12 @@ class Oracle:
                 arrays = self._roofline_attainment(item.model, item.features, asked, query.k_sigma)
                 mean, std, bound = (tuple(a.tolist()) for a in arrays)
                 version, source = self._profile(item.model).version, "roofline"
-            predictions.append(ElasticityPrediction(
-                model=item.model, replicas=item.replicas, attainment_mean=mean, attainment_std=std,
+            # Built without validation: one per model per search round on the fast path, from values made here (the
+            # query was validated where it came in, from the bus or a planner).
+            predictions.append(ElasticityPrediction.model_construct(
+                model=item.model, replicas=tuple(item.replicas), attainment_mean=mean, attainment_std=std,
                 attainment_bound=bound, model_version=version, source=source))
-        return ElasticityReply(predictions=tuple(predictions))
+        return ElasticityReply.model_construct(predictions=tuple(predictions))
 
     def _grid_key(self, item: ElasticityItem, k_sigma: float) -> tuple | None:
         """What a corrected grid depends on (None: the model has no GP)."""

@@ -50,8 +50,10 @@ class _Asker:
         if not asks:
             return
         self.num_rounds += 1
-        query = ElasticityQuery(
-            items=tuple(ElasticityItem(model=m, features=self.features[m], replicas=r) for m, r in asks.items()),
+        # Built without validation: validated features, and replica counts the search made (1 <= m <= cap).
+        query = ElasticityQuery.model_construct(
+            items=tuple(ElasticityItem.model_construct(model=m, features=self.features[m], replicas=r)
+                        for m, r in asks.items()),
             k_sigma=self.k_sigma,
         )
         answered = {p.model: p for p in self.oracle.elasticity(query).predictions}
@@ -89,6 +91,8 @@ def search_min_replicas(
     """Binary search per model (see the module docstring for the two modes and the unreachable case)."""
     if max_num_replicas < 1:
         raise ValueError("max_num_replicas must be >= 1")
+    if k_sigma < 0:
+        raise ValueError(f"k_sigma must be >= 0, got {k_sigma}")
     if mode not in ("bisect", "grid"):
         raise ValueError(f"unknown search mode {mode!r}")
     asker = _Asker(oracle, features, k_sigma)
