@@ -37,13 +37,19 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
     return (num_prefill, num_instances - num_prefill)
 
 
-def with_headroom(features: LoadFeatures, headroom: float) -> LoadFeatures:
-    """The load to size replicas for: the window's token rate times `headroom`. A 5 s window's rate is a noisy,
-    lagging estimate of the next seconds' (a fork takes a second or more to serve), so sizing for exactly the
-    measured rate leaves every burst short."""
-    if headroom == 1.0:
+def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy) -> LoadFeatures:
+    """The load to size replicas for: the window's token rate times `load_headroom`, plus the tokens of the
+    requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging
+    estimate of the next seconds' (a fork takes a second or more to serve), so sizing for exactly the measured rate
+    leaves every burst short; and after a saturated period the arrival rate says nothing of the queue left behind."""
+    features = window.features
+    token_rate = features.token_rate_tps * policy.load_headroom
+    if policy.backlog_drain_s > 0 and window.queue_depth:
+        tokens_per_request = features.input_len_mean + features.output_len_mean
+        token_rate += window.queue_depth * tokens_per_request / policy.backlog_drain_s
+    if token_rate == features.token_rate_tps:
         return features
-    return features.model_copy(update={"token_rate_tps": features.token_rate_tps * headroom})
+    return features.model_copy(update={"token_rate_tps": token_rate})
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,10 @@ class ElasticScaler:
         models = sorted(set(elastic_models))
         loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
         busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
-        searches = self._search({m: with_headroom(loads[m].features, p.load_headroom) for m in busy})
+        sized_for = {m: load_to_size_for(loads[m], p) for m in busy}
+        searches = self._search(sized_for)
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
-        banded = self._scale_in_band(desired, {m: loads[m].features for m in busy})
+        banded = self._scale_in_band(desired, sized_for)
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
         allotted = scale_to_budget(desired, budget_devices, priority=token_rate)
         is_scaled_down = allotted != desired
@@ -148,7 +155,7 @@ class ElasticScaler:
 
     def _scale_in_band(self, desired: dict[str, int], features: Mapping[str, LoadFeatures]) -> set[str]:
         """Hysteresis: a model above its scale-out answer keeps its count unless even `scale_in_headroom` times
-        its rate needs fewer (then it goes to that count). Without the band, a rate wandering around a threshold
+        its rate (`features` are sized at `load_headroom`) needs fewer (then it goes to that count). Without the band, a rate wandering around a threshold
         forks and drains an instance every few seconds, and each fork costs a load before it serves. Updates
         `desired`; returns the models it kept above their answer."""
         p = self.policy
@@ -158,7 +165,10 @@ class ElasticScaler:
         over = {m: f for m, f in features.items() if current[m] > desired[m]}
         if not over:
             return set()
-        kept = self._search({m: with_headroom(f, p.scale_in_headroom) for m, f in over.items()})
+        # The band's upper answer: the same load with the rate scaled from load_headroom up to scale_in_headroom.
+        ratio = p.scale_in_headroom / p.load_headroom
+        kept = self._search({m: f.model_copy(update={"token_rate_tps": f.token_rate_tps * ratio})
+                             for m, f in over.items()})
         banded = set()
         for m in over:
             count = min(current[m], kept[m].num_replicas)

@@ -73,6 +73,10 @@ class ElasticPolicy(_Policy):
         default=1.0, ge=1.0, description="scale in only to the count this multiple of the rate needs (a value above "
         "load_headroom is a hysteresis band: counts between the two answers stay as they are)"
     )
+    backlog_drain_s: float = Field(
+        default=0.0, ge=0, description="size replicas to also clear the dispatchers' queued requests within this "
+        "many seconds (0: size for arrivals only)"
+    )
     is_debounced: bool = True
 
 

@@ -50,3 +50,16 @@ def test_without_a_band_the_count_follows_the_load_down():
     scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
     _count(scaler, 20.0, 0.0)
     assert _count(scaler, 15.0, 500.0) == _m_star(15.0)
+
+
+def test_a_queue_left_behind_is_sized_for_as_well_as_the_arrivals():
+    def count(backlog_drain_s: float, queue_depth: int) -> int:
+        scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False,
+                                                            backlog_drain_s=backlog_drain_s))
+        scaler.observe(window("m", 10.0, 0.0).model_copy(update={"queue_depth": queue_depth}))
+        target = scaler.tick(0.0, ["m"], budget_devices=1000).plan.targets[0]
+        return target.num_prefill + target.num_decode
+
+    assert count(0.0, 100) == count(10.0, 0) == _m_star(10.0), "off, or nothing queued: arrivals only"
+    # 100 queued requests to clear within 10 s are 10 more requests per second.
+    assert count(10.0, 100) == _m_star(20.0) > _m_star(10.0)
