@@ -71,13 +71,8 @@ def plan_round(
     return plan_round_general(now_ms, jobs, available_ms, proc_ms, policy)
 
 
-def plan_round_general(
-    now_ms: float,
-    jobs: list[Job],
-    available_ms: list[float],
-    proc_ms: np.ndarray,
-    policy: DispatchPolicy,
-) -> RoundDecision:
+def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float], proc_ms: np.ndarray,
+                       policy: DispatchPolicy) -> RoundDecision:
     """`plan_round` for any queue (the lone-job shortcut's reference)."""
     decision = RoundDecision()
     num_instances = len(available_ms)

@@ -155,9 +155,9 @@ class ElasticScaler:
 
     def _scale_in_band(self, desired: dict[str, int], features: Mapping[str, LoadFeatures]) -> set[str]:
         """Hysteresis: a model above its scale-out answer keeps its count unless even `scale_in_headroom` times
-        its rate (`features` are sized at `load_headroom`) needs fewer (then it goes to that count). Without the band, a rate wandering around a threshold
-        forks and drains an instance every few seconds, and each fork costs a load before it serves. Updates
-        `desired`; returns the models it kept above their answer."""
+        its rate (`features` are sized at `load_headroom`) needs fewer (then it goes to that count). Without the
+        band, a rate wandering around a threshold forks and drains an instance every few seconds, and each fork
+        costs a load before it serves. Updates `desired`; returns the models it kept above their answer."""
         p = self.policy
         if p.scale_in_headroom <= p.load_headroom:
             return set()
