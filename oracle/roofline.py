@@ -9,6 +9,7 @@ the model's tensor-parallel group unless a name says otherwise.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,10 +185,15 @@ class RooflineModel:
         return float(self._step_ms(flops, num_bytes, b))
 
     # --- a replica under load ----------------------------------------------------------------------------------
-    def equilibrium(self, features: LoadFeatures, num_replicas: int = 1) -> Equilibrium:
-        """Steady state of one of `num_replicas` replicas that share the load evenly (see `Equilibrium`)."""
+    def equilibrium(self, features: LoadFeatures, num_replicas: int = 1,
+                    prefill_mean_ms: float | None = None) -> Equilibrium:
+        """Steady state of one of `num_replicas` replicas that share the load evenly (see `Equilibrium`).
+        `prefill_mean_ms`: the mean prefill over the window's prompt-length quantiles, when the caller has it
+        (it does not depend on the replica count)."""
         point = LoadPoint.of(features, num_replicas)
-        prefill_share = point.rate_rps * float(np.mean(self.prefill_ms(point.input_len_quantiles()))) / 1e3
+        if prefill_mean_ms is None:
+            prefill_mean_ms = float(np.mean(self.prefill_ms(point.input_len_quantiles())))
+        prefill_share = point.rate_rps * prefill_mean_ms / 1e3
         out_rate = point.rate_rps * features.output_len_mean
         ctx_per_seq = features.input_len_mean + features.output_len_mean / 2.0
         max_batch = max(1.0, min(float(self.efficiency.max_num_seqs),
@@ -247,11 +253,22 @@ class RooflineModel:
     def attainment(self, features: LoadFeatures, num_replicas: int, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
         """Token-level SLO attainment with `num_replicas` replicas sharing the load evenly (oracle/attainment.py):
         0 when overloaded, non-decreasing in num_replicas."""
+        return self.attainment_many(features, (num_replicas,), ttft_slo_ms, tpot_slo_ms)[0]
+
+    def attainment_many(self, features: LoadFeatures, replicas: Sequence[int], ttft_slo_ms: float,
+                        tpot_slo_ms: float) -> list[float]:
+        """`attainment` for several replica counts of one load: the prompt-length quantiles and their prefill
+        times, which do not depend on the count, are worked out once."""
         if ttft_slo_ms <= 0 or tpot_slo_ms <= 0:
             raise ValueError("SLOs must be > 0 ms")
-        eq = self.equilibrium(features, num_replicas)
-        if eq.is_overloaded:
-            return 0.0
-        point = LoadPoint.of(features, num_replicas)
-        prefill_ms = np.asarray(self.prefill_ms(point.input_len_quantiles()))
-        return token_attainment(point, prefill_ms, eq.prefill_busy_share, eq.tpot_ms, ttft_slo_ms, tpot_slo_ms)
+        prefill_ms = np.asarray(self.prefill_ms(LoadPoint.of(features, 1).input_len_quantiles()))
+        prefill_mean_ms = float(np.mean(prefill_ms))
+        out = []
+        for m in replicas:
+            eq = self.equilibrium(features, m, prefill_mean_ms)
+            if eq.is_overloaded:
+                out.append(0.0)
+                continue
+            out.append(token_attainment(LoadPoint.of(features, m), prefill_ms, eq.prefill_busy_share, eq.tpot_ms,
+                                        ttft_slo_ms, tpot_slo_ms))
+        return out

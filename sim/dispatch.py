@@ -61,6 +61,8 @@ class CoreDispatch:
         self.load_listeners: list[Callable[[float, ModelLoadWindow], None]] = []
         self.num_rejected = 0
         self.num_assigned = 0
+        # every rejection as (time s, app, error code): which apps fail, why, and when (the report's worst apps)
+        self.rejections: list[tuple[float, int, str]] = []
         self._records: dict[str, InstanceRecord] = {}
         sim.dispatch = self
         sim.every(HEARTBEAT_PERIOD_S, self._heartbeats)
@@ -119,6 +121,7 @@ class CoreDispatch:
                 self.num_assigned += 1
             elif isinstance(e, Reject):
                 self.num_rejected += 1
+                self.rejections.append((now_s, app, e.code.value))
                 sim.fail(int(e.request_id), now_s)
             elif isinstance(e, PublishLoad):
                 for listener in self.load_listeners:

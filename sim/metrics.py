@@ -88,6 +88,43 @@ def per_app_token_attainment(app_ids, output_tokens, out: Outcomes, num_apps: in
         return np.where(total > 0, good / total, np.nan)
 
 
+@dataclass(frozen=True)
+class AppReport:
+    """One app's result and why it lost tokens: the dispatcher's rejections by error code (no_instance: the model had
+    no ready instance; overloaded: no instance could finish the prefill by the deadline) and when they happened."""
+
+    name: str
+    model: str  # shape and tensor parallelism
+    num_requests: int
+    token_attainment: float
+    rejected: dict[str, int]
+    first_rejection_s: float  # NaN without rejections
+    last_rejection_s: float
+
+
+def app_reports(app_names, models, num_requests, per_app_attainment, rejections) -> list[AppReport]:
+    """Per app, from the run's rejections: a list of (time s, app, error code)."""
+    by_app: dict[int, list[tuple[float, str]]] = {}
+    for t, app, code in rejections:
+        by_app.setdefault(int(app), []).append((float(t), code))
+    reports = []
+    for a, name in enumerate(app_names):
+        events = by_app.get(a, [])
+        codes: dict[str, int] = {}
+        for _, code in events:
+            codes[code] = codes.get(code, 0) + 1
+        times = [t for t, _ in events]
+        reports.append(AppReport(name, models[a], int(num_requests[a]), float(per_app_attainment[a]), codes,
+                                 min(times) if times else float("nan"), max(times) if times else float("nan")))
+    return reports
+
+
+def worst_apps(reports: list[AppReport], count: int = 10) -> list[AppReport]:
+    """The `count` apps with the lowest token attainment (apps without requests left out)."""
+    ranked = sorted((r for r in reports if r.num_requests > 0), key=lambda r: r.token_attainment)
+    return ranked[:count]
+
+
 def summarise(trace, out: Outcomes, ttft_slo_s, tpot_slo_s, device_time_s=None, device_counts=None,
               min_app_requests: int = 1) -> Summary:
     """Headline figures. `device_time_s`/`device_counts`: the active-device step function (count from each time

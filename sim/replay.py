@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import Outcomes, on_time_tokens, per_app_token_attainment, summarise, time_series
+from .metrics import Outcomes, app_reports, on_time_tokens, per_app_token_attainment, summarise, time_series
 from .trace import Trace
 
 
@@ -31,6 +31,13 @@ class ClientRecord:
     token_times_s: list[float] = field(default_factory=list)
     is_failed: bool = False
     error: str = ""
+    error_code: str = ""  # the OpenAI-style error body's code (e.g. overloaded, no_instance), when there was one
+
+
+def error_code_of(payload) -> str:
+    """The `code` of an OpenAI-style error body ({"error": {"code": ...}}), or "" when it has none."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    return str(err.get("code") or "") if isinstance(err, dict) else ""
 
 
 def parse_sse_line(line: str) -> dict | None:
@@ -78,7 +85,12 @@ async def _one(client, url: str, headers: dict, body: dict, start: float, rec: C
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
-                rec.is_failed, rec.error = True, f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                body = await resp.aread()
+                rec.is_failed, rec.error = True, f"HTTP {resp.status_code}: {body[:200]!r}"
+                try:
+                    rec.error_code = error_code_of(json.loads(body))
+                except ValueError:
+                    pass
                 return
             async for line in resp.aiter_lines():
                 payload = parse_sse_line(line)
@@ -86,6 +98,7 @@ async def _one(client, url: str, headers: dict, body: dict, start: float, rec: C
                     continue
                 if payload.get("error"):
                     rec.is_failed, rec.error = True, str(payload["error"])[:200]
+                    rec.error_code = error_code_of(payload)
                     return
                 now = time.perf_counter() - start
                 rec.token_times_s.extend([now] * tokens_in_chunk(payload))
@@ -175,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(trace, out, ttft, tpot)
     series = time_series(trace, out, max(1.0, trace.duration_s / 60))
     per_app = per_app_token_attainment(trace.app_ids, trace.output_tokens, out, trace.num_apps)
-    result = SystemResult("live", summary, series, per_app, wall_s, 0.0)
+    failures = [(float(trace.arrival_s[j]), int(trace.app_ids[j]), r.error_code or "client_error")
+                for j, r in enumerate(records) if r.is_failed]
+    served = [models[a % len(models)] for a in range(trace.num_apps)]
+    apps = app_reports(trace.app_names, served, trace.requests_per_app(), per_app, failures)
+    result = SystemResult("live", summary, series, per_app, wall_s, 0.0, apps=apps)
     print_tables([result], console)
     errors = [r.error for r in records if r.is_failed][:5]
     if errors:

@@ -3,10 +3,12 @@ one line per system), from `runner.SystemResult`s."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from .metrics import worst_apps
 from .runner import SystemResult
 
 ABLATION = ("janus", "elastic-only", "steady-only")
@@ -32,6 +34,7 @@ def headline_rows(results: list[SystemResult], baseline: str = "static") -> list
             "num_failed": s.num_failed,
             "wall_s": r.wall_s,
             "cpu_s": r.cpu_s,
+            "worst_apps": [asdict(a) for a in worst_apps(r.apps)],
         })
     return rows
 
@@ -61,6 +64,27 @@ def print_tables(results: list[SystemResult], console=None) -> None:
         for r in sorted(present, key=lambda r: ABLATION.index(r.system)):
             ab.add_row(names[r.system], f"{100 * r.summary.token_attainment:.1f} %", f"{r.summary.device_hours:.1f}")
         console.print(ab)
+    focus = next((r for r in results if r.system == "janus"), results[0] if results else None)
+    if focus is not None and focus.apps:
+        console.print(worst_apps_table(focus))
+
+
+def worst_apps_table(result: SystemResult, count: int = 8):
+    """The apps that lost the most, with their failed requests by error code (no_instance: the model had no ready
+    instance; overloaded: none could finish the prefill by the deadline) and when those came: where to look next."""
+    from rich.table import Table
+
+    shown = worst_apps(result.apps, count)
+    codes = sorted({code for a in shown for code in a.rejected})
+    table = Table(title=f"worst apps of {result.system}: failed requests by error code")
+    for col in ("app", "model", "requests", "token att.", *codes, "failures from-to s"):
+        table.add_column(col, justify="left" if col in ("app", "model") else "right")
+    for a in shown:
+        span = (f"{a.first_rejection_s:.0f}-{a.last_rejection_s:.0f}" if np.isfinite(a.first_rejection_s)
+                else "-")
+        table.add_row(a.name, a.model, f"{a.num_requests:,}", f"{a.token_attainment:.3f}",
+                      *(f"{a.rejected.get(code, 0):,}" for code in codes), span)
+    return table
 
 
 def write_outputs(results: list[SystemResult], out_dir: Path, meta: dict | None = None) -> list[Path]:

@@ -83,11 +83,12 @@ class SystemResult:
     counters: dict = field(default_factory=dict)
     device_time_s: list = field(default_factory=list)
     device_counts: list = field(default_factory=list)
+    apps: list = field(default_factory=list)  # per app: AppReport (the worst-apps table)
 
 
 def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
             progress: Callable[[str, int, int], None] | None = None) -> SystemResult:
-    from .metrics import per_app_token_attainment
+    from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
     control = _systems()[system]()
@@ -99,8 +100,10 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     trace = scenario.trace
     series = time_series(trace, result.outcomes, bin_s, result.devices.time_s, result.devices.count)
     per_app = per_app_token_attainment(trace.app_ids, trace.output_tokens, result.outcomes, trace.num_apps)
+    models = [f"{a.shape_name} tp{a.tp}" for a in scenario.apps]
+    apps = app_reports(trace.app_names, models, trace.requests_per_app(), per_app, result.rejections)
     return SystemResult(system, result.summary, series, per_app, result.wall_s, cpu_s, result.counters,
-                        list(result.devices.time_s), list(result.devices.count))
+                        list(result.devices.time_s), list(result.devices.count), apps)
 
 
 def _worker(args):

@@ -18,7 +18,7 @@ from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .jobs import Job
 from .load_window import LoadWindow
 from .planner import plan_round
-from .policy import Algorithm, DispatchPolicy
+from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
 from .registry import InstanceView
 from .requests import DispatchRequest
@@ -304,8 +304,10 @@ class DispatcherCore:
     def _dispatch_lst_imh(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
     ) -> list[Effect]:
-        jobs = list(queue.values())
         available_ms = [self._view.ledger(r.instance_id).available_ms(now) for r in instances]
+        if self._can_defer_round(now, queue, available_ms):
+            return []
+        jobs = list(queue.values())
         num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
         proc_ms = np.empty((len(instances), len(jobs)))
         for i, record in enumerate(instances):
@@ -337,6 +339,19 @@ class DispatcherCore:
             self._dequeue(queue, job)
             effects.append(self._assign(now, job, instances[i], predicted_ms))
         return effects
+
+    def _can_defer_round(self, now: float, queue: dict[str, Job], available_ms: list[float]) -> bool:
+        """Nothing to commit yet: every instance is busy beyond the lookahead, and no late request has turned
+        hopeless. The round then waits for next_wakeup_ms (an instance coming near free) with the same EPDTs, so
+        it plans the same jobs plus whatever arrives meanwhile. Only under requeue, where a round's relaxations
+        stay inside the dispatcher; a rejection must reach the client at once."""
+        policy = self.policy
+        if not (policy.defers_rounds_until_near and policy.is_late_binding
+                and policy.overload == OverloadPolicy.REQUEUE):
+            return False
+        if min(available_ms) <= now + policy.lookahead_ms:
+            return False
+        return not any(job.is_late and job.hopeless_at_ms <= now for job in queue.values())
 
     def _dispatch_baseline(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]

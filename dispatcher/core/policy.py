@@ -39,6 +39,13 @@ class DispatchPolicy(BaseModel):
         description="commit planned work only to instances within lookahead_ms of free (False: every instance's "
         "whole plan is committed at once, the literal reading; kept for the ablation in docs/dispatcher.md)",
     )
+    defers_rounds_until_near: bool = Field(
+        default=True,
+        description="requeue with late binding: run a round only when an instance is within lookahead_ms of free or "
+        "a late request turns hopeless (DESIGN.md); before that nothing could be committed, and the arrivals in "
+        "between are planned together. Under reject every event still runs a round, so a rejection comes at once. "
+        "False: a round on every event",
+    )
     deadline_margin_frac: float = Field(
         default=0.05,
         ge=0,

@@ -216,8 +216,8 @@ class Oracle:
         non-decreasing anyway (in the order asked), since a caller may rely on it."""
         profile = self._profile(model)
         order = np.argsort(asked, kind="stable")
-        values = np.array([profile.roofline.attainment(features, int(m), profile.ttft_slo_ms, profile.tpot_slo_ms)
-                           for m in asked[order]])
+        values = np.array(profile.roofline.attainment_many(features, [int(m) for m in asked[order]],
+                                                           profile.ttft_slo_ms, profile.tpot_slo_ms))
         values = np.maximum.accumulate(values)
         std = np.full(len(values), profile.roofline_attainment_std)
         bound = np.clip(values - k_sigma * std, 0.0, 1.0)

@@ -74,6 +74,9 @@ class ElasticScaler:
         self._loads = LoadBook()
         self._debouncer: Debouncer[str] = Debouncer((0, 0))
         self._applied: dict[str, PD] = {}  # the last plan's counts, debounced or not
+        # the last answers, as hints for the next searches (0.5 s later most m* are unchanged)
+        self._last_m: dict[str, int] = {}
+        self._last_band_m: dict[str, int] = {}
         self._num_plans = 0
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
@@ -93,7 +96,8 @@ class ElasticScaler:
         loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
         busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
         sized_for = {m: load_to_size_for(loads[m], p) for m in busy}
-        searches = self._search(sized_for)
+        searches = self._search(sized_for, self._last_m)
+        self._last_m = {m: r.num_replicas for m, r in searches.items()}
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
@@ -147,11 +151,11 @@ class ElasticScaler:
         )
         return ElasticDecision(plan, searches, tuple(sorted(held)))
 
-    def _search(self, features: Mapping[str, LoadFeatures]) -> dict[str, ReplicaSearch]:
+    def _search(self, features: Mapping[str, LoadFeatures], hints: Mapping[str, int]) -> dict[str, ReplicaSearch]:
         p = self.policy
         return search_min_replicas(self.oracle, features, p.target_attainment, p.k_sigma, p.max_num_replicas,
                                    mode=p.search_mode,  # type: ignore[arg-type]
-                                   saturation_eps=p.saturation_eps)
+                                   saturation_eps=p.saturation_eps, hints=hints)
 
     def _scale_in_band(self, desired: dict[str, int], features: Mapping[str, LoadFeatures]) -> set[str]:
         """Hysteresis: a model above its scale-out answer keeps its count unless even `scale_in_headroom` times
@@ -168,7 +172,8 @@ class ElasticScaler:
         # The band's upper answer: the same load with the rate scaled from load_headroom up to scale_in_headroom.
         ratio = p.scale_in_headroom / p.load_headroom
         kept = self._search({m: f.model_copy(update={"token_rate_tps": f.token_rate_tps * ratio})
-                             for m, f in over.items()})
+                             for m, f in over.items()}, self._last_band_m)
+        self._last_band_m.update((m, r.num_replicas) for m, r in kept.items())
         banded = set()
         for m in over:
             count = min(current[m], kept[m].num_replicas)

@@ -30,6 +30,7 @@ class RunResult:
     wall_s: float
     num_events: int
     counters: dict = field(default_factory=dict)
+    rejections: list = field(default_factory=list)  # (time s, app, error code), in order
 
 
 class ControlPlane:
@@ -125,7 +126,8 @@ class SystemRun:
         summary = summarise(self.scenario.trace, out, self.scenario.ttft_slo_s[self.scenario.trace.app_ids],
                             self.scenario.tpot_slo_s[self.scenario.trace.app_ids], log.time_s, log.count)
         counters = dict(self.counters, rejected=self.dispatch.num_rejected, events=self.sim.num_events)
-        return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters)
+        return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters,
+                         self.dispatch.rejections)
 
 
 def initial_features(scenario: Scenario, window_s: float = 30.0):

@@ -87,7 +87,8 @@ class PoolManager:
     def apply_elastic(self, targets: dict[int, tuple[int, int]], now_s: float, priority: dict[int, float],
                       preloaded: bool = False) -> None:
         """Make the elastic pool match `targets` (app -> (num_prefill, num_decode); num_decode 0 means colocated
-        instances). Removals first; launches busiest model first, while devices last."""
+        instances). Removals first; then launches while devices last: first every model that has no instance left
+        (without one, each of its requests is turned away at once), then the busiest model first."""
         self._progress_steady(now_s)
         run = self.run
         wanted: dict[tuple[int, str], int] = {}
@@ -109,7 +110,8 @@ class PoolManager:
                     run.retire(inst, now_s)
         blocked_devices = self.steady_devices | {p.device for p in self.pending_steady}
         free = [d for d in run.sim.free_device_ids() if d not in blocked_devices]
-        for key in sorted(wanted, key=lambda k: (-priority.get(k[0], 0.0), k)):
+        has_instance = {app for (app, _), insts in self.elastic.items() if insts}
+        for key in sorted(wanted, key=lambda k: (k[0] in has_instance, -priority.get(k[0], 0.0), k)):
             app, role = key
             have = len(self.elastic.get(key, ()))
             tp = run.costs[app].tp

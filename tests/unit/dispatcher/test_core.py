@@ -57,7 +57,9 @@ def test_overload_reject_fails_early_with_the_reason():
 
 
 def test_overload_requeue_relaxes_the_deadline_and_counts_the_request_late():
-    core = make_core(overload=OverloadPolicy.REQUEUE, publish_period_ms=5000.0, window_s=10.0)
+    # a round on every event: the relaxation comes with the arrival (the deferred rounds are tested below)
+    core = make_core(overload=OverloadPolicy.REQUEUE, publish_period_ms=5000.0, window_s=10.0,
+                     defers_rounds_until_near=False)
     core.on_instances(0.0, [record("a")])
     core.on_request(0.0, request("r0", 0.0, tokens=8000))
     effects = core.on_request(1.0, request("r1", 1.0, tokens=8000))
@@ -75,8 +77,47 @@ def test_overload_requeue_relaxes_the_deadline_and_counts_the_request_late():
     assert window.num_late == 1 and window.num_rejected == 0
 
 
-def test_requeue_gives_up_after_the_last_relaxation():
+def test_requeue_defers_the_round_until_an_instance_comes_near_free():
+    core = make_core(overload=OverloadPolicy.REQUEUE, publish_period_ms=5000.0, window_s=10.0)
+    core.on_instances(0.0, [record("a")])
+    core.on_request(0.0, request("r0", 0.0, tokens=8000))  # a is busy until 800
+    # arrivals while a is busy beyond the lookahead: nothing could be committed, so no round yet
+    assert core.on_request(1.0, request("r1", 1.0, tokens=8000)) == []
+    assert core.on_request(2.0, request("r2", 2.0, tokens=100)) == []
+    assert core.queue_depth("m") == 2
+    assert core.next_wakeup_ms() == pytest.approx(780.0)
+    # the round at 780 plans both together: r2 (10 ms) still makes its deadline, r1 cannot and is relaxed
+    effects = core.on_tick(780.0)
+    (relaxed,) = [e for e in effects if isinstance(e, Relaxed)]
+    assert relaxed.request_id == "r1" and relaxed.ttft_deadline_ms == pytest.approx(2001.0)
+    (on_time,) = assigns(effects)
+    assert (on_time.request_id, on_time.instance_id, on_time.is_late) == ("r2", "a", False)
+    # eager rounds make the same relaxation at once, and the same assignment at the same wakeup
+    eager = make_core(overload=OverloadPolicy.REQUEUE, defers_rounds_until_near=False)
+    eager.on_instances(0.0, [record("a")])
+    eager.on_request(0.0, request("r0", 0.0, tokens=8000))
+    assert [type(e).__name__ for e in eager.on_request(1.0, request("r1", 1.0, tokens=8000))] == ["Relaxed"]
+    assert eager.on_request(2.0, request("r2", 2.0, tokens=100)) == []
+    assert [(a.request_id, a.is_late) for a in assigns(eager.on_tick(780.0))] == [("r2", False)]
+
+
+def test_deferred_rounds_still_resolve_a_late_request_when_it_turns_hopeless():
     core = make_core(overload=OverloadPolicy.REQUEUE, max_num_relaxations=1)
+    core.on_instances(0.0, [record("a")])
+    core.on_request(0.0, request("r0", 0.0, tokens=8000))  # a busy until 800
+    core.on_request(1.0, request("r1", 1.0, tokens=9000, slo_ms=5000.0))  # 900 ms, deadline 5001
+    core.on_request(2.0, request("r2", 2.0, tokens=5000))  # 500 ms, deadline 1002: cannot make it
+    effects = core.on_tick(780.0)
+    assert [a.request_id for a in assigns(effects)] == ["r1"]  # a is now busy until 1700
+    assert [e.request_id for e in effects if isinstance(e, Relaxed)] == ["r2"]  # to 2002, late
+    # r2 turns hopeless at 2002 - 50 - 500 = 1452, before a comes near free (1680): that wakeup runs a round
+    assert core.next_wakeup_ms() == pytest.approx(1452.0)
+    (reject,) = rejects(core.on_tick(1452.0))
+    assert reject.request_id == "r2" and core.queue_depth("m") == 0
+
+
+def test_requeue_gives_up_after_the_last_relaxation():
+    core = make_core(overload=OverloadPolicy.REQUEUE, max_num_relaxations=1, defers_rounds_until_near=False)
     core.on_instances(0.0, [record("a")])
     core.on_request(0.0, request("r0", 0.0, tokens=30_000, slo_ms=5000.0))  # 3 s of work
     effects = core.on_request(1.0, request("r1", 1.0, tokens=8000))

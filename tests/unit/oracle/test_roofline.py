@@ -156,3 +156,23 @@ def test_efficiency_is_validated():
     with pytest.raises(ValueError):
         Efficiency(step_overhead_ms=-1.0)
     assert math.isfinite(RooflineModel(H200, model_shape("qwen2-0.5b"), efficiency=Efficiency(mfu=1.0)).prefill_ms(1))
+
+
+@given(rate=st.floats(0.0, 50_000.0), in_mean=st.floats(1.0, 8000.0), in_cv=st.floats(0.0, 2.0),
+       out_mean=st.floats(1.0, 1000.0), ms=st.lists(st.integers(1, 64), min_size=1, max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_attainment_for_many_counts_is_each_count_worked_out_alone(rate, in_mean, in_cv, out_mean, ms):
+    from oracle.attainment import token_attainment
+
+    rm = RooflineModel(h200(), model_shape("qwen2-7b"))
+    f = LoadFeatures(token_rate_tps=rate, input_len_mean=in_mean, input_len_var=(in_cv * in_mean) ** 2,
+                     output_len_mean=out_mean)
+    expected = []
+    for m in ms:  # the definition, count by count: equilibrium, then the attainment at its busy share and TPOT
+        eq = rm.equilibrium(f, m)
+        point = LoadPoint.of(f, m)
+        prefill = np.asarray(rm.prefill_ms(point.input_len_quantiles()))
+        expected.append(0.0 if eq.is_overloaded else
+                        token_attainment(point, prefill, eq.prefill_busy_share, eq.tpot_ms, 2000.0, 80.0))
+    assert rm.attainment_many(f, ms, 2000.0, 80.0) == expected
+    assert [rm.attainment(f, m, 2000.0, 80.0) for m in ms] == expected

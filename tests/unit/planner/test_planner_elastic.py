@@ -67,6 +67,31 @@ def test_grid_and_bisect_modes_agree(rate_tps):
     assert len(b.prediction.replicas) == 64
 
 
+@given(rate_tps=st.floats(0.0, 200_000.0), hint=st.integers(-3, 80), cap=st.integers(1, 64),
+       target=st.sampled_from([0.5, 0.9, 0.95, 0.999]), flat=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_a_hint_never_changes_the_answer(rate_tps, hint, cap, target, flat):
+    # flat: a bound that saturates below the target (the unreachable case, the answer where it flattens)
+    shape = (lambda model, f, m: min(0.8, 0.3 + 0.05 * m)) if flat else None
+    feats = {"m": features(rate_tps)}
+    plain = search_min_replicas(TableOracle(attainment=shape), feats, target, 1.0, cap)["m"]
+    hinted = search_min_replicas(TableOracle(attainment=shape), feats, target, 1.0, cap, hints={"m": hint})["m"]
+    assert (hinted.num_replicas, hinted.is_reachable) == (plain.num_replicas, plain.is_reachable)
+
+
+def test_a_right_hint_ends_the_search_in_one_call():
+    feats = {"m": features(20_000.0)}
+    answer = search_min_replicas(TableOracle(), feats, 0.95, 1.0, 64)["m"]
+    assert answer.num_rounds > 2  # without a hint: a bisection
+    oracle = TableOracle()
+    hinted = search_min_replicas(oracle, feats, 0.95, 1.0, 64, hints={"m": answer.num_replicas})["m"]
+    assert hinted.num_replicas == answer.num_replicas and oracle.num_elasticity_calls == 1
+    # one off: still right, and fewer calls than bisecting the whole range
+    near = TableOracle()
+    off = search_min_replicas(near, feats, 0.95, 1.0, 64, hints={"m": answer.num_replicas + 1})["m"]
+    assert off.num_replicas == answer.num_replicas and near.num_elasticity_calls < answer.num_rounds
+
+
 def test_prefill_decode_split():
     p = ElasticPolicy(decode_token_cost_ratio=2.0)
     # prefill work 1000, decode work 250 * 2 = 500: two thirds prefill.

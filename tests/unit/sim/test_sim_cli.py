@@ -24,3 +24,7 @@ def test_cli_writes_summary_and_figure(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     printed = capsys.readouterr().out
     assert "token" in printed and "janus" in printed
+    assert "worst apps of janus" in printed
+    worst = next(s for s in summary["systems"] if s["system"] == "janus")["worst_apps"]
+    assert worst and all(set(w) >= {"name", "model", "num_requests", "token_attainment", "rejected"} for w in worst)
+    assert [w["token_attainment"] for w in worst] == sorted(w["token_attainment"] for w in worst)

@@ -33,6 +33,22 @@ def test_overload_misses_slos():
     assert s.token_attainment < 0.5
 
 
+def test_rejections_are_kept_per_app_with_their_cause():
+    # 2000 requests in 1 s on one device, and a dispatcher that rejects rather than requeues: it turns away what
+    # cannot meet its deadline, as overloaded
+    from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
+
+    scenario = _one_app_scenario(np.linspace(0, 1, 2000))
+    policy = DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REJECT)
+    result = SystemRun(scenario, StaticPartition(), dispatch_policy=policy).run()
+    assert result.rejections, "an overload this deep must reject some requests"
+    assert {code for _, _, code in result.rejections} == {"overloaded"}
+    assert {app for _, app, _ in result.rejections} == {0}
+    times = [t for t, _, _ in result.rejections]
+    assert times == sorted(times) and 0.0 <= times[0] and times[-1] <= 30.0
+    assert len(result.rejections) == result.counters["rejected"] == result.summary.num_failed
+
+
 @pytest.mark.slow
 @needs_traces
 def test_every_system_runs_the_same_small_scenario():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.replay import ClientRecord, main, outcomes_from_records, parse_sse_line, tokens_in_chunk
+from sim.replay import ClientRecord, error_code_of, main, outcomes_from_records, parse_sse_line, tokens_in_chunk
 from sim.trace import Trace
 
 from .shared_data import needs_traces
@@ -23,6 +23,12 @@ def test_sse_lines_and_token_counts():
     assert tokens_in_chunk({"choices": [{"text": "x", "logprobs": None}]}) == 1
     assert tokens_in_chunk({"choices": [], "usage": {"completion_tokens": 3}}) == 0
     assert parse_sse_line("data: [DONE]") is None and parse_sse_line(": keep-alive") is None
+
+
+def test_error_bodies_give_their_code():
+    assert error_code_of({"error": {"message": "busy", "type": "server_error", "code": "overloaded"}}) == "overloaded"
+    assert error_code_of({"error": "plain text"}) == ""
+    assert error_code_of({"choices": []}) == "" and error_code_of(["not", "a", "dict"]) == ""
 
 
 def test_client_times_become_the_same_outcomes_as_the_simulator():

@@ -57,3 +57,18 @@ def test_time_series_bins_load_and_goodput():
     assert ts.token_attainment[0] == pytest.approx(0.75) and ts.token_attainment[1] == pytest.approx(1.0)
     assert ts.goodput_tps.sum() == pytest.approx(25.0)  # every on-time token lands in some bin
     assert list(ts.active_devices) == [2.0, 4.0]
+
+
+def test_app_reports_count_rejections_by_code_and_rank_the_worst_first():
+    from sim.metrics import app_reports, worst_apps
+
+    rejections = [(1.0, 1, "no_instance"), (2.5, 1, "overloaded"), (3.0, 1, "no_instance"), (4.0, 2, "overloaded")]
+    reports = app_reports(["a", "b", "c", "idle"], ["m0", "m1", "m2", "m3"], [10, 5, 4, 0],
+                          np.array([0.9, 0.2, 0.5, np.nan]), rejections)
+    b = reports[1]
+    assert b.rejected == {"no_instance": 2, "overloaded": 1}
+    assert (b.first_rejection_s, b.last_rejection_s) == (1.0, 3.0)
+    assert reports[0].rejected == {} and np.isnan(reports[0].first_rejection_s)
+    # the app without requests is left out; the rest by attainment, lowest first
+    assert [r.name for r in worst_apps(reports, count=3)] == ["b", "c", "a"]
+    assert [r.name for r in worst_apps(reports, count=1)] == ["b"]

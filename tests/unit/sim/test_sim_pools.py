@@ -1,0 +1,46 @@
+"""The elastic pool manager carrying out plans on the simulated fleet."""
+from sim.scenario import build_scenario
+from sim.systems.base import ControlPlane, SystemRun
+from sim.systems.pools import PoolManager
+from sim.trace import Trace
+
+
+class _Idle(ControlPlane):
+    """Places nothing by itself: the test drives the pool manager."""
+
+    name = "idle"
+
+    def install(self, run: SystemRun) -> None:
+        self.run = run
+
+
+def _pools(num_devices: int) -> PoolManager:
+    trace = Trace.build([0.0, 0.5, 1.0], [0, 1, 0], [100] * 3, [10] * 3, ("busy", "sparse"))
+    scenario = build_scenario(trace, device_name="nvidia-h200", num_devices=num_devices,
+                              tiers=((1.0, ("qwen2-7b",)),))
+    run = SystemRun(scenario, _Idle())
+    run.control.install(run)
+    return PoolManager(run)
+
+
+def _count(pools: PoolManager, app: int) -> int:
+    return sum(len(insts) for (a, _), insts in pools.elastic.items() if a == app)
+
+
+def test_a_model_without_an_instance_gets_a_device_before_a_busier_model_grows():
+    pools = _pools(num_devices=3)
+    priority = {0: 1000.0, 1: 1.0}  # "busy" carries far more tokens than "sparse"
+    pools.apply_elastic({0: (2, 0)}, 0.0, priority, preloaded=True)
+    assert _count(pools, 0) == 2
+    # one device is left; busy wants two more, sparse its first: sparse must get it, or each of its
+    # requests meets "no ready instance" while busy merely runs a little hotter
+    pools.apply_elastic({0: (4, 0), 1: (1, 0)}, 1.0, priority)
+    assert _count(pools, 1) == 1
+    assert _count(pools, 0) == 2
+    assert pools.num_blocked == 1
+
+
+def test_with_devices_enough_every_model_gets_what_it_asked():
+    pools = _pools(num_devices=6)
+    pools.apply_elastic({0: (4, 0), 1: (1, 0)}, 0.0, {0: 1000.0, 1: 1.0})
+    assert (_count(pools, 0), _count(pools, 1), pools.num_blocked) == (4, 1, 0)
