@@ -150,17 +150,24 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
         bad = [n for n, s in zip(names, samples) if n in cases and result[n].num_replicas <= s.num_replicas]
         return len(bad), len(cases)
 
-    def timed(oracle: Oracle, ticks: int, mode: str = "bisect") -> tuple[list[float], int]:
-        times, rounds = [], 0
+    def timed(oracle: Oracle, ticks: int, mode: str = "bisect", is_hinted: bool = False,
+              jitter: float = 0.0) -> tuple[list[float], int]:
+        """`ticks` searches; `is_hinted`: each warm-started from the last one's answers (as the scaler does);
+        `jitter`: each tick's rates drift by a random factor within +-jitter (a 5 s window's noise is ~10 %)."""
+        times, rounds, hints = [], 0, {}
+        drift = np.random.default_rng(seed + 1)
+        rates = {n: f.token_rate_tps for n, f in features.items()}
         for tick in range(ticks):
             # every tick sees new load windows (as every 0.5 s in production): nothing is cached across ticks
-            now = {n: f.model_copy(update={"token_rate_tps": f.token_rate_tps * (1 + 1e-6 * (tick + 1))})
-                   for n, f in features.items()}
+            rates = {n: r * (1 + 1e-6 + drift.uniform(-jitter, jitter)) for n, r in rates.items()}
+            now = {n: f.model_copy(update={"token_rate_tps": rates[n]}) for n, f in features.items()}
             started = time.perf_counter()
             result = search_min_replicas(oracle, now, target_attainment=0.9, k_sigma=1.0,
-                                         max_num_replicas=max_replicas, mode=mode)
+                                         max_num_replicas=max_replicas, mode=mode,
+                                         hints=hints if is_hinted else None)
             times.append((time.perf_counter() - started) * 1e3)
             rounds = max(r.num_rounds for r in result.values())
+            hints = {n: r.num_replicas for n, r in result.items()}
         return times, rounds
 
     constant = fit_elasticity(ts.elasticity, OraclePolicy(elasticity_mean="constant"))  # the model before
@@ -171,6 +178,9 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
     gp_times, gp_rounds = timed(gp_oracle, num_ticks)
     # ElasticPolicy.search_mode="grid": one call for every m (the GP corrects its whole m grid per model anyway)
     gp_grid_times, _ = timed(gp_oracle, num_ticks, mode="grid")
+    # warm-started from the last tick's answers, loads drifting +-10 % a tick; and cold under the same drift
+    gp_cold_drift_times, _ = timed(gp_oracle, num_ticks, jitter=0.1)
+    gp_warm_drift_times, gp_warm_rounds = timed(gp_oracle, num_ticks, is_hinted=True, jitter=0.1)
     rf_times, rf_rounds = timed(rf_oracle, max(2, num_ticks // 5))
     grid_query = ElasticityQuery(items=tuple(ElasticityItem(model=n, features=features[n],
                                                             replicas=tuple(range(1, max_replicas + 1)))
@@ -183,6 +193,8 @@ def tick_time(ts: TrainingSet, num_models: int, max_replicas: int, num_ticks: in
         grid_times.append((time.perf_counter() - started) * 1e3)
     return {"gp_ms": statistics.median(gp_times), "gp_p90_ms": pct(gp_times, 90), "gp_rounds": gp_rounds,
             "gp_grid_mode_ms": statistics.median(gp_grid_times),
+            "gp_cold_drift_ms": statistics.median(gp_cold_drift_times),
+            "gp_warm_drift_ms": statistics.median(gp_warm_drift_times), "gp_warm_rounds": gp_warm_rounds,
             "roofline_ms": statistics.median(rf_times), "roofline_rounds": rf_rounds,
             "grid_call_ms": statistics.median(grid_times), "train_points": predictor.posterior.num_train,
             "gp_implausible": implausible(gp_oracle), "roofline_implausible": implausible(rf_oracle),
@@ -271,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| one tick, `search_mode=\"grid\"` (one call asking every m), median (ms) | {t['gp_grid_mode_ms']:.1f} "
           f"| - | - | <= 20 |")
     print(f"| one call, every m = 1..{args.max_replicas} for all models (ms) | {t['grid_call_ms']:.1f} | - | - | - |")
+    print(f"| one tick, loads drifting +-10 % a tick, cold bisect, median (ms) | {t['gp_cold_drift_ms']:.1f} | - | - "
+          f"| <= 20 |")
+    print(f"| the same, warm-started from the last tick's m* (as the scaler runs), median (ms) | "
+          f"{t['gp_warm_drift_ms']:.1f} | - | {t['gp_warm_drift_ms'] / t['gp_cold_drift_ms']:.2f} of cold | <= 20 |")
     (gp_bad, cases), (rf_bad, _) = t["gp_implausible"], t["roofline_implausible"]
     print(f"| m* <= m for a load >= a profiled point that missed 0.9 with m replicas (of {cases}) | {gp_bad} "
           f"(constant mean: {t['constant_implausible'][0]}) | {rf_bad} | - | 0 |")

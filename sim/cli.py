@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-s", type=float, default=None, help="replay only the first WINDOW_S seconds")
     p.add_argument("--device", default="ascend-910c-die", choices=["ascend-910c-die", "nvidia-h200"])
     p.add_argument("--devices", type=int, default=768, help="fleet size")
-    p.add_argument("--mix", default="default", choices=["default", "heavy", "full-range"],
+    p.add_argument("--mix", default="default", choices=["default", "light", "heavy", "full-range"],
                    help="which models the apps run (by traffic rank; see sim/scenario.py)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
                    ", ".join(SYSTEM_NAMES))

@@ -174,19 +174,26 @@ class DispatcherCore:
 
     def next_wakeup_ms(self) -> float | None:
         """When on_tick should next be called: about lookahead_ms before an instance with queued work ahead of it
-        frees up, when a late request turns hopeless, or at the next load-window publication."""
+        frees up, when a late request turns hopeless, when a request waiting for a model's first ready instance has
+        waited max_wait_for_instance_ms, or at the next load-window publication."""
         times: list[float] = []
         if self._next_publish_ms is not None:
             times.append(self._next_publish_ms)
-        if self.policy.algorithm == Algorithm.LST_IMH:
-            for model, queue in self._queues.items():
-                if not queue:
-                    continue
-                for record in self._view.prefill_instances(model):
-                    wake_ms = self._view.ledger(record.instance_id).epdt_ms - self.policy.lookahead_ms
-                    if wake_ms > self._now_ms:
-                        times.append(wake_ms)
-                times.extend(job.hopeless_at_ms for job in queue.values() if job.is_late and job.hopeless_at_ms < inf)
+        is_lst_imh = self.policy.algorithm == Algorithm.LST_IMH
+        max_wait_ms = self.policy.max_wait_for_instance_ms
+        for model, queue in self._queues.items():
+            if not queue:
+                continue
+            instances = self._view.prefill_instances(model)
+            if not instances and max_wait_ms > 0:
+                times.append(min(job.request.arrival_ms for job in queue.values()) + max_wait_ms)
+            if not is_lst_imh:
+                continue
+            for record in instances:
+                wake_ms = self._view.ledger(record.instance_id).epdt_ms - self.policy.lookahead_ms
+                if wake_ms > self._now_ms:
+                    times.append(wake_ms)
+            times.extend(job.hopeless_at_ms for job in queue.values() if job.is_late and job.hopeless_at_ms < inf)
         return min(times) if times else None
 
     # ------------------------------------------------------------------ views (for the shell, tests, the simulator)
@@ -291,6 +298,10 @@ class DispatcherCore:
         instances = self._view.prefill_instances(model)
         if not instances:
             jobs = list(queue.values())
+            max_wait_ms = self.policy.max_wait_for_instance_ms
+            if max_wait_ms > 0:
+                # wait for an instance to come up (next_wakeup_ms fires when the first of these has waited enough)
+                jobs = [job for job in jobs if job.request.arrival_ms + max_wait_ms <= now]
             for job in jobs:
                 self._dequeue(queue, job)
             return [

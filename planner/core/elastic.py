@@ -2,6 +2,7 @@
 predictions, within the devices the steady pool leaves, split into prefill and decode instances, debounced."""
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ class ElasticScaler:
         # the last answers, as hints for the next searches (0.5 s later most m* are unchanged)
         self._last_m: dict[str, int] = {}
         self._last_band_m: dict[str, int] = {}
+        self._asked: dict[str, deque[tuple[float, int]]] = {}  # per model, (time, count) for scale_in_hold_s
         self._num_plans = 0
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
@@ -100,6 +102,7 @@ class ElasticScaler:
         self._last_m = {m: r.num_replicas for m, r in searches.items()}
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
+        held_up = self._scale_in_hold(now_ms, desired)
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
         allotted = scale_to_budget(desired, budget_devices, priority=token_rate)
         is_scaled_down = allotted != desired
@@ -127,7 +130,7 @@ class ElasticScaler:
                 desired_replicas=desired[m],
                 prediction=searches[m].prediction if m in searches else None,
                 reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
-                                m in banded),
+                                m in banded, m in held_up),
             )
             for m in models
         )
@@ -182,7 +185,28 @@ class ElasticScaler:
                 banded.add(m)
         return banded
 
-    def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False) -> str:
+    def _scale_in_hold(self, now_ms: float, desired: dict[str, int]) -> set[str]:
+        """Keep each model at the largest count asked for it within `scale_in_hold_s` (after the band). Updates
+        `desired`; returns the models it raised."""
+        hold_ms = self.policy.scale_in_hold_s * 1e3
+        if hold_ms <= 0:
+            return set()
+        raised = set()
+        for m, count in desired.items():
+            history = self._asked.setdefault(m, deque())
+            while history and history[0][0] < now_ms - hold_ms:
+                history.popleft()
+            # a monotone deque: the front holds the window's largest count
+            while history and history[-1][1] <= count:
+                history.pop()
+            history.append((now_ms, count))
+            if history[0][1] > count:
+                desired[m] = history[0][1]
+                raised.add(m)
+        return raised
+
+    def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False,
+             is_held_up=False) -> str:
         p = self.policy
         if search is None:
             return "no traffic"
@@ -198,6 +222,8 @@ class ElasticScaler:
                    f"m*={m} where the bound saturates ({bounds[m]:.3f})")
         if is_banded:
             why += f"; kept at {desired}: inside the scale-in band (x{p.scale_in_headroom:g} the rate needs that many)"
+        if is_held_up:
+            why += f"; kept at {desired}: asked for within the last {p.scale_in_hold_s:g} s"
         if allotted < desired:
             why += f"; scaled down {desired} -> {allotted} (budget)"
         why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")

@@ -77,6 +77,11 @@ class ElasticPolicy(_Policy):
         default=0.0, ge=0, description="size replicas to also clear the dispatchers' queued requests within this "
         "many seconds (0: size for arrivals only)"
     )
+    scale_in_hold_s: float = Field(
+        default=0.0, ge=0, description="a model's count never drops below the largest count asked for it in the "
+        "last this many seconds: a dip in a bursty load does not give back the replicas the next burst needs "
+        "(0: no hold)"
+    )
     is_debounced: bool = True
 
 

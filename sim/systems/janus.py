@@ -15,6 +15,9 @@ from .base import ControlPlane, SystemRun, initial_features
 from .pools import PoolManager
 
 UNBOUNDED_BUDGET = 1_000_000
+# A request for a model with no ready instance waits this long for one (the scaler sees it in the next load window
+# and launches one) instead of failing at once: served late beats not served.
+MAX_WAIT_FOR_INSTANCE_MS = 30_000.0
 
 
 def make_oracle(run: SystemRun, need_rel_std: float = 0.25, attainment_std: float = 0.005) -> Oracle:
@@ -73,9 +76,11 @@ class JanusControl(ControlPlane):
 
     def dispatch_policy(self) -> DispatchPolicy:
         """LST-IMH; requests no instance can finish in time are requeued late rather than rejected (token-level
-        attainment still counts their later tokens that meet their deadlines); load windows of 5 s, since the
-        planners read these windows and 2 s of a bursty app is mostly noise."""
-        return DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE, window_s=5.0)
+        attainment still counts their later tokens that meet their deadlines); a request for a model without a
+        ready instance waits up to MAX_WAIT_FOR_INSTANCE_MS for one; load windows of 5 s, since the planners read
+        these windows and 2 s of a bursty app is mostly noise."""
+        return DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE, window_s=5.0,
+                              max_wait_for_instance_ms=MAX_WAIT_FOR_INSTANCE_MS)
 
     def install(self, run: SystemRun) -> None:
         self.run = run

@@ -305,6 +305,31 @@ def test_decode_goes_to_the_instance_with_the_least_backlog():
     assert assign.decode_instance_id == "d1" and assign.decode_worker_id == "w-d1"
 
 
+@pytest.mark.parametrize("algorithm", [Algorithm.LST_IMH, Algorithm.LEAST_LOAD])
+def test_a_request_waits_for_an_instance_to_come_up_when_told_to(algorithm):
+    core = make_core(max_wait_for_instance_ms=5000.0, algorithm=algorithm)
+    core.on_instances(0.0, [record("b", is_ready=False, state=ModelState.WAKING)])
+    assert core.on_request(0.0, request("r0", 0.0)) == []  # b is waking: wait for it
+    assert core.queue_depth("m") == 1 and core.next_wakeup_ms() == pytest.approx(5000.0)
+    assert core.on_tick(100.0) == []
+    (assign,) = assigns(core.on_instances(200.0, [record("b")]))  # b is ready: r0 goes there, still on time
+    assert (assign.request_id, assign.instance_id) == ("r0", "b")
+    assert core.queue_depth("m") == 0
+
+
+def test_a_request_stops_waiting_for_an_instance_after_the_limit():
+    core = make_core(max_wait_for_instance_ms=5000.0)
+    core.on_instances(0.0, [])  # nothing at all yet: the scaler starts one on seeing the load
+    assert core.on_request(0.0, request("r0", 0.0)) == []
+    assert core.on_request(1000.0, request("r1", 1000.0)) == []
+    (reject,) = rejects(core.on_tick(5000.0))  # r0 waited 5 s; r1 waits on
+    assert (reject.request_id, reject.code) == ("r0", ErrorCode.NO_INSTANCE)
+    assert core.next_wakeup_ms() == pytest.approx(6000.0)
+    (reject,) = rejects(core.on_tick(6000.0))
+    assert (reject.request_id, reject.code) == ("r1", ErrorCode.NO_INSTANCE)
+    assert core.queue_depth("m") == 0
+
+
 def test_a_prefill_instance_without_a_decode_instance_cannot_serve():
     core = make_core()
     core.on_instances(0.0, [record("p", role=InstanceRole.PREFILL), record("d", role=InstanceRole.DECODE,

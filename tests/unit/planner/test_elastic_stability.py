@@ -63,3 +63,25 @@ def test_a_queue_left_behind_is_sized_for_as_well_as_the_arrivals():
     assert count(0.0, 100) == count(10.0, 0) == _m_star(10.0), "off, or nothing queued: arrivals only"
     # 100 queued requests to clear within 10 s are 10 more requests per second.
     assert count(10.0, 100) == _m_star(20.0) > _m_star(10.0)
+
+
+def test_the_scale_in_hold_keeps_the_largest_recent_count():
+    policy = ElasticPolicy(target_attainment=0.95, is_debounced=False, scale_in_hold_s=10.0)
+    scaler = ElasticScaler(TableOracle(), policy)
+    high = _count(scaler, 20.0, 0.0)
+    assert high == _m_star(20.0) > _m_star(12.0) > _m_star(4.0)
+    # a dip within the hold keeps the count the burst had
+    scaler.observe(window("m", 4.0, 5_000.0))
+    target = scaler.tick(5_000.0, ["m"], budget_devices=1000).plan.targets[0]
+    assert target.num_prefill + target.num_decode == high and "within the last 10 s" in target.reason
+    # later counts ask less: the hold follows the largest count of the last 10 s, not the first one
+    assert _count(scaler, 12.0, 9_000.0) == high  # t=0's count is still in the window
+    assert _count(scaler, 4.0, 12_000.0) == _m_star(12.0)  # t=0 left the window; t=9 s's count holds
+    assert _count(scaler, 4.0, 19_500.0) == _m_star(4.0)  # everything larger is older than 10 s
+    assert _count(scaler, 30.0, 20_000.0) == _m_star(30.0)  # growth is never held back
+
+
+def test_without_a_hold_a_dip_gives_the_replicas_back():
+    scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    _count(scaler, 20.0, 0.0)
+    assert _count(scaler, 4.0, 5_000.0) == _m_star(4.0)

@@ -4,7 +4,7 @@ import pytest
 
 from sim.runner import SYSTEM_NAMES, ScenarioSpec, run_many
 from sim.scenario import build_scenario
-from sim.systems.base import SystemRun
+from sim.systems.base import ControlPlane, SystemRun
 from sim.systems.static import StaticPartition
 from sim.trace import Trace
 
@@ -65,3 +65,29 @@ def test_every_system_runs_the_same_small_scenario():
     # static and prism-like reserve their devices for the whole run; static's are the fleet's split
     assert by_name["prism-like"].summary.mean_active_devices == pytest.approx(96, rel=0.01)
     assert by_name["static"].summary.mean_active_devices <= 96
+
+
+class _LaunchAtStart(ControlPlane):
+    """One cold-loading instance of app 0 at t = 0, nothing else."""
+
+    name = "launch-at-start"
+
+    def install(self, run: SystemRun) -> None:
+        run.launch(0, "colocated", "elastic", (0,), 0.0)
+
+
+@pytest.mark.parametrize("max_wait_ms", [0.0, 120_000.0])
+def test_requests_wait_for_a_starting_instance_only_when_the_policy_says_so(max_wait_ms):
+    from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
+
+    scenario = _one_app_scenario(np.linspace(0.1, 1.0, 10))  # all arrive while the weights load from disk
+    policy = DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE,
+                            max_wait_for_instance_ms=max_wait_ms)
+    result = SystemRun(scenario, _LaunchAtStart(), dispatch_policy=policy).run()
+    assert scenario.cost(0).load_times().disk_s > 1.0  # the load outlasts the arrivals
+    if max_wait_ms == 0:
+        assert result.summary.num_failed == 10
+        assert {code for _, _, code in result.rejections} == {"no_instance"}
+    else:
+        assert result.summary.num_failed == 0 and not result.rejections  # served once the instance is up
+        assert result.summary.ttft_attainment == 0.0  # ... late: the load took longer than the TTFT SLO
