@@ -85,10 +85,10 @@ async def _one(client, url: str, headers: dict, body: dict, start: float, rec: C
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
-                body = await resp.aread()
-                rec.is_failed, rec.error = True, f"HTTP {resp.status_code}: {body[:200]!r}"
+                error_body = await resp.aread()  # not `body`: that is the request's
+                rec.is_failed, rec.error = True, f"HTTP {resp.status_code}: {error_body[:200]!r}"
                 try:
-                    rec.error_code = error_code_of(json.loads(body))
+                    rec.error_code = error_code_of(json.loads(error_body))
                 except ValueError:
                     pass
                 return
