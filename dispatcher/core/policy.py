@@ -47,11 +47,11 @@ class DispatchPolicy(BaseModel):
         "False: a round on every event",
     )
     max_wait_for_instance_ms: float = Field(
-        default=0.0,
+        default=5000.0,
         ge=0,
         description="a request for a model with no ready instance waits in the queue up to this long for one to "
-        "come up (one already starting, or one the scaler starts on seeing the load), then fails with NO_INSTANCE; "
-        "0: fails at once",
+        "come up (one starting, one the scaler starts on seeing the load, or a worker heard from again after a bus "
+        "failover), then fails with NO_INSTANCE; 0: fails at once",
     )
     deadline_margin_frac: float = Field(
         default=0.05,

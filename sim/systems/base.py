@@ -44,8 +44,9 @@ class ControlPlane:
         raise NotImplementedError
 
     def dispatch_policy(self) -> DispatchPolicy:
-        """The dispatcher core's knobs for this system (its algorithm; the paper's defaults otherwise)."""
-        return DispatchPolicy(algorithm=self.algorithm)
+        """The dispatcher core's knobs for this system (its algorithm; the paper's defaults otherwise). A request
+        for a model without a ready instance fails at once, as the baselines of the headline runs were measured."""
+        return DispatchPolicy(algorithm=self.algorithm, max_wait_for_instance_ms=0.0)
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
         """Every load window the dispatcher cores publish (every 0.5 s per model)."""

@@ -36,7 +36,7 @@ def test_routes_only_to_ready_active_instances_of_the_model():
 
 
 def test_no_ready_instance_is_a_clear_retryable_error():
-    core = make_core()
+    core = make_core(max_wait_for_instance_ms=0.0)  # no wait for one to come up (tested below)
     core.on_instances(0.0, [record("b", is_ready=False)])
     (reject,) = rejects(core.on_request(0.0, request("r0", 0.0)))
     assert reject.code == ErrorCode.NO_INSTANCE
@@ -317,6 +317,15 @@ def test_a_request_waits_for_an_instance_to_come_up_when_told_to(algorithm):
     assert core.queue_depth("m") == 0
 
 
+def test_by_default_a_request_waits_five_seconds_for_an_instance():
+    # a worker silent for a moment (a bus failover) must not turn requests away
+    core = make_core()
+    core.on_instances(0.0, [])
+    assert core.on_request(0.0, request("r0", 0.0)) == [] and core.next_wakeup_ms() == pytest.approx(5000.0)
+    (reject,) = rejects(core.on_tick(5000.0))
+    assert reject.code == ErrorCode.NO_INSTANCE
+
+
 def test_a_request_stops_waiting_for_an_instance_after_the_limit():
     core = make_core(max_wait_for_instance_ms=5000.0)
     core.on_instances(0.0, [])  # nothing at all yet: the scaler starts one on seeing the load
@@ -331,7 +340,7 @@ def test_a_request_stops_waiting_for_an_instance_after_the_limit():
 
 
 def test_a_prefill_instance_without_a_decode_instance_cannot_serve():
-    core = make_core()
+    core = make_core(max_wait_for_instance_ms=0.0)
     core.on_instances(0.0, [record("p", role=InstanceRole.PREFILL), record("d", role=InstanceRole.DECODE,
                                                                            is_ready=False)])
     (reject,) = rejects(core.on_request(0.0, request("r0", 0.0)))
