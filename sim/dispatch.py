@@ -152,14 +152,14 @@ class CoreDispatch:
         self._apply(app, self.cores[app].on_tick(tick_ms), now_s)
 
     def _heartbeats(self, now_s: float) -> None:
-        """Decode instances report their backlog (waiting + running) as the worker heartbeat carries it; built with
-        model_construct: these are the simulator's own, already-valid values."""
+        """Decode and co-located instances report their backlog (waiting + running) as the worker heartbeat carries
+        it; built with model_construct: these are the simulator's own, already-valid values."""
         now_ms = now_s * 1e3
         for app, insts in self.sim.instances_by_app.items():
             statuses = [InstanceStatus.model_construct(
-                instance_id=i.instance_id, model=self.app_names[app], role=InstanceRole.DECODE, pool=_POOL[i.pool],
+                instance_id=i.instance_id, model=self.app_names[app], role=_ROLE[i.role], pool=_POOL[i.pool],
                 state=ModelState.ACTIVE, num_waiting=len(i.waiting), num_running=i.batch)
-                for i in insts if i.role == "decode" and i.is_ready]
+                for i in insts if i.role != "prefill" and i.is_ready]
             if statuses:
                 hb = WorkerHeartbeat.model_construct(worker_id=f"sim-{app}", seq=0, sent_unix_ms=now_ms,
                                                      instances=tuple(statuses))

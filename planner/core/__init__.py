@@ -7,6 +7,7 @@
 """
 from .commands import PlanStatus, ReconcileEffects
 from .elastic import ElasticDecision, ElasticScaler, split_prefill_decode
+from .elastic import unpadded_counts
 from .exact import ExactResult, solve_exact
 from .greedy import lower_bound, pack_ffd, pack_phi
 from .oracle_port import OracleAnswerError, OracleLike
@@ -24,4 +25,5 @@ __all__ = [
     "PlanStatus", "PoolAssigner", "PoolPolicy", "PoolVerdict", "ReconcileEffects", "Reconciler", "ReconcilerPolicy",
     "ReplicaSearch", "SteadyDecision", "SteadyPlanner", "SteadyPolicy", "largest_remainder", "lower_bound", "pack_ffd",
     "pack_phi", "phi", "scale_to_budget", "search_min_replicas", "solve_exact", "split_prefill_decode",
+    "unpadded_counts",
 ]

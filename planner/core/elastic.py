@@ -2,6 +2,7 @@
 predictions, within the devices the steady pool leaves, split into prefill and decode instances, debounced."""
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,23 @@ def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy) -> LoadFeat
     if token_rate == features.token_rate_tps:
         return features
     return features.model_copy(update={"token_rate_tps": token_rate})
+
+
+def unpadded_counts(desired: Mapping[str, int], loads: Mapping[str, ModelLoadWindow],
+                    policy: ElasticPolicy) -> dict[str, int]:
+    """Of each desired count, the part the measured rate alone asks for: the count times measured over sized-for
+    token rate (a replica count grows about linearly with the rate), rounded up, at least one. The rest is padding
+    (load_headroom, the backlog term), which scale_to_budget serves last when the budget is short."""
+    out = {}
+    for m, n in desired.items():
+        window = loads.get(m)
+        if n <= 0 or window is None:
+            out[m] = 0
+            continue
+        measured = window.features.token_rate_tps
+        sized = load_to_size_for(window, policy).token_rate_tps
+        out[m] = n if sized <= measured else max(1, min(n, math.ceil(n * measured / sized - 1e-9)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,7 +122,8 @@ class ElasticScaler:
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
-        allotted = scale_to_budget(desired, budget_devices, priority=token_rate)
+        allotted = scale_to_budget(desired, budget_devices, priority=token_rate,
+                                   floor=unpadded_counts(desired, loads, p))
         is_scaled_down = allotted != desired
         busy_set = set(busy)
         raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (0, 0)

@@ -29,19 +29,35 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
 
 
 def scale_to_budget(
-    desired: Mapping[str, int], budget: int, priority: Mapping[str, float] | None = None
+    desired: Mapping[str, int], budget: int, priority: Mapping[str, float] | None = None,
+    floor: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Scale `desired` instance counts down to `budget` in proportion, with the largest-remainder method; every model
     that wanted at least one keeps at least one. Never exceeds `budget`, never gives a model more than it wanted.
 
     If the budget cannot give every model with traffic one instance, the models with the highest `priority` (default:
-    their desired count) get one each, the rest none."""
+    their desired count) get one each, the rest none.
+
+    With `floor` (per model, at most its desired count), the budget goes in two tiers: first the floors (scaled down
+    as above if even they do not fit), then what is left, shared in proportion to what each model wants beyond its
+    floor. A model whose count is mostly padding (burst headroom, a queue to drain) then cannot crowd out another's
+    measured load."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if any(d < 0 for d in desired.values()):
         raise ValueError(f"desired counts must be >= 0, got {dict(desired)}")
     if sum(desired.values()) <= budget:
         return dict(desired)
+    if floor is not None:
+        base = {m: min(max(0, floor.get(m, 0)), desired[m]) for m in desired}
+        if sum(base.values()) >= budget:
+            return scale_to_budget(base, budget, priority)
+        extra = {m: desired[m] - base[m] for m in sorted(desired)}
+        wanting = [m for m in extra if extra[m] > 0]
+        shares = largest_remainder([extra[m] for m in wanting], budget - sum(base.values()))
+        for m, n in zip(wanting, shares):
+            base[m] += n
+        return base
     wanting = [m for m in sorted(desired) if desired[m] > 0]
     out = {m: 0 for m in desired}
     if budget < len(wanting):

@@ -88,7 +88,8 @@ class PoolManager:
                       preloaded: bool = False) -> None:
         """Make the elastic pool match `targets` (app -> (num_prefill, num_decode); num_decode 0 means colocated
         instances). Removals first; then launches while devices last: first every model that has no instance left
-        (without one, each of its requests is turned away at once), then the busiest model first."""
+        (without one, each of its requests is turned away at once), then the one furthest below its count (as a
+        share of it), then the busiest."""
         self._progress_steady(now_s)
         run = self.run
         wanted: dict[tuple[int, str], int] = {}
@@ -111,7 +112,13 @@ class PoolManager:
         blocked_devices = self.steady_devices | {p.device for p in self.pending_steady}
         free = [d for d in run.sim.free_device_ids() if d not in blocked_devices]
         has_instance = {app for (app, _), insts in self.elastic.items() if insts}
-        for key in sorted(wanted, key=lambda k: (k[0] in has_instance, -priority.get(k[0], 0.0), k)):
+        # Most starved first: a model far below its count (a small one left with one instance in a saturated fleet)
+        # gets freed devices before a busier one a few short of its count; ties go to the busier model.
+        def order(k: tuple[int, str]) -> tuple:
+            have = len(self.elastic.get(k, ()))
+            return (k[0] in has_instance, have / wanted[k] if wanted[k] else 1.0, -priority.get(k[0], 0.0), k)
+
+        for key in sorted(wanted, key=order):
             app, role = key
             have = len(self.elastic.get(key, ()))
             tp = run.costs[app].tp

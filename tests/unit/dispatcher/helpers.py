@@ -1,7 +1,8 @@
 """Small builders shared by the dispatcher tests."""
 from __future__ import annotations
 
-from contracts import InstanceRecord, InstanceRole, ModelState, Pool
+from contracts import DeviceInfo, InstanceRecord, InstanceRole, InstanceStatus, ModelState, PageCounters, Pool
+from contracts import WorkerHeartbeat
 from dispatcher.core import Assign, DispatchRequest, Reject
 
 TOKENS_PER_S = 10_000.0  # 10 tokens per ms: a 1,000-token prompt is predicted at 100 ms
@@ -30,6 +31,16 @@ def record(
         max_num_seqs=max_num_seqs,
         updated_unix_ms=updated_ms,
     )
+
+
+def heartbeat(at_ms: float, backlog: dict[str, int], role: InstanceRole = InstanceRole.DECODE) -> WorkerHeartbeat:
+    """A worker heartbeat reporting `backlog[instance]` running sequences on each instance of model "m"."""
+    pool = Pool.STEADY if role == InstanceRole.COLOCATED else Pool.ELASTIC
+    return WorkerHeartbeat(
+        worker_id="w", seq=0, sent_unix_ms=at_ms, device=DeviceInfo(kind="cpu", name="cpu", hbm_bytes=0),
+        pages=PageCounters(page_size_bytes=1, num_pages_total=0, num_pages_free=0, fragmentation=0.0),
+        instances=tuple(InstanceStatus(instance_id=i, model="m", role=role, pool=pool, state=ModelState.ACTIVE,
+                                       num_running=n) for i, n in backlog.items()))
 
 
 def request(

@@ -14,7 +14,7 @@ from dispatcher.core import (
     ThroughputPrefillModel,
 )
 
-from .helpers import TOKENS_PER_S, assigns, placed, record, rejects, request
+from .helpers import TOKENS_PER_S, assigns, heartbeat, placed, record, rejects, request
 
 
 def make_core(**knobs) -> DispatcherCore:
@@ -279,15 +279,6 @@ def test_a_redelivered_request_is_dispatched_once():
 
 
 def test_decode_goes_to_the_instance_with_the_least_backlog():
-    from contracts import DeviceInfo, InstanceStatus, PageCounters, Pool, WorkerHeartbeat
-
-    def heartbeat(at_ms: float, backlog: dict[str, int]) -> WorkerHeartbeat:
-        return WorkerHeartbeat(
-            worker_id="w", seq=0, sent_unix_ms=at_ms, device=DeviceInfo(kind="cpu", name="cpu", hbm_bytes=0),
-            pages=PageCounters(page_size_bytes=1, num_pages_total=0, num_pages_free=0, fragmentation=0.0),
-            instances=tuple(InstanceStatus(instance_id=i, model="m", role=InstanceRole.DECODE, pool=Pool.ELASTIC,
-                                           state=ModelState.ACTIVE, num_running=n) for i, n in backlog.items()))
-
     core = make_core()
     core.on_instances(0.0, [record("p", role=InstanceRole.PREFILL), record("d0", role=InstanceRole.DECODE),
                             record("d1", role=InstanceRole.DECODE)])
@@ -303,6 +294,29 @@ def test_decode_goes_to_the_instance_with_the_least_backlog():
     core.on_heartbeat(600.0, heartbeat(600.0, {"d0": 6, "d1": 2}))  # d1 finished most of them
     (assign,) = assigns(core.on_request(700.0, request("r5", 700.0)))
     assert assign.decode_instance_id == "d1" and assign.decode_worker_id == "w-d1"
+
+
+def test_colocated_instances_share_the_decoding_between_equally_free_ones():
+    """Each prefill on a co-located instance stays there to decode. LST-IMH alone breaks ties between free
+    instances by position, so every request whose instance was free went to the first one; the core now puts the
+    least decode backlog (reported, plus what it sent since the report) first."""
+    core = make_core()
+    core.on_instances(0.0, [record("a"), record("b"), record("c")])
+    chosen = []
+    for k in range(6):  # one at a time, each done before the next comes: every instance is free at each arrival
+        t = 1000.0 * k
+        (assign,) = assigns(core.on_request(t, request(f"r{k}", t, tokens=500)))
+        assert assign.decode_instance_id is None  # it decodes where it prefills
+        chosen.append(assign.instance_id)
+        core.on_prefill_done(t + 50.0, assign.instance_id, f"r{k}")
+    assert chosen == ["a", "b", "c", "a", "b", "c"]
+    # a heartbeat says a and b still decode theirs while c finished both: the next ones go to c first
+    core.on_heartbeat(6000.0, heartbeat(6000.0, {"a": 2, "b": 2, "c": 0}, InstanceRole.COLOCATED))
+    (assign,) = assigns(core.on_request(6500.0, request("r6", 6500.0, tokens=500)))
+    assert assign.instance_id == "c"
+    core.on_prefill_done(6550.0, "c", "r6")
+    (assign,) = assigns(core.on_request(7000.0, request("r7", 7000.0, tokens=500)))
+    assert assign.instance_id == "c"  # 1 sent since the report, against 2 on a and b
 
 
 @pytest.mark.parametrize("algorithm", [Algorithm.LST_IMH, Algorithm.LEAST_LOAD])

@@ -85,3 +85,16 @@ def test_without_a_hold_a_dip_gives_the_replicas_back():
     scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
     _count(scaler, 20.0, 0.0)
     assert _count(scaler, 4.0, 5_000.0) == _m_star(4.0)
+
+
+def test_unpadded_counts_take_out_headroom_and_backlog():
+    from planner.core import unpadded_counts
+
+    policy = ElasticPolicy(load_headroom=1.5, backlog_drain_s=1.0)
+    quiet = window("q", 10.0, 0.0)
+    queued = window("b", 10.0, 0.0).model_copy(update={"queue_depth": 500})
+    out = unpadded_counts({"q": 9, "b": 40, "idle": 0}, {"q": quiet, "b": queued}, policy)
+    assert out["q"] == 6  # 9 replicas sized for 1.5x the rate: 6 carry the measured rate
+    assert 1 <= out["b"] < 9  # mostly its queue: the measured rate alone needs far fewer
+    assert out["idle"] == 0
+    assert unpadded_counts({"q": 9}, {"q": quiet}, ElasticPolicy()) == {"q": 9}  # nothing padded

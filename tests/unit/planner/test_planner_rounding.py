@@ -90,3 +90,26 @@ def test_bad_input_is_refused():
         scale_to_budget({"a": -1}, 3)
     with pytest.raises(ValueError):
         largest_remainder([1.0, -2.0], 3)
+
+
+def test_floors_are_served_before_padding():
+    # a: 10 wanted, 8 of them padding for its queue; b: 6 wanted, all measured load. 10 devices left.
+    # Plain proportional: a 6, b 4 (b short of its measured load).
+    # Tiered: b's 6 and a's 2 first, then a gets the 2 left.
+    assert scale_to_budget({"a": 10, "b": 6}, 10) == {"a": 6, "b": 4}
+    assert scale_to_budget({"a": 10, "b": 6}, 10, floor={"a": 2, "b": 6}) == {"a": 4, "b": 6}
+    # floors that alone overrun the budget are scaled down as plain counts would be
+    assert scale_to_budget({"a": 10, "b": 6}, 4, floor={"a": 2, "b": 6}) == scale_to_budget({"a": 2, "b": 6}, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(desired_maps, st.integers(min_value=0, max_value=300), st.data())
+def test_tiered_scaling_never_exceeds_the_budget_and_keeps_the_floors_it_can(desired, budget, data):
+    floor = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in desired.items()}
+    out = scale_to_budget(desired, budget, floor=floor)
+    assert set(out) == set(desired)
+    assert sum(out.values()) == min(budget, sum(desired.values()))
+    for m in desired:
+        assert 0 <= out[m] <= desired[m]
+    if sum(floor.values()) <= budget:
+        assert all(out[m] >= floor[m] for m in desired)

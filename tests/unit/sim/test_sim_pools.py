@@ -44,3 +44,12 @@ def test_with_devices_enough_every_model_gets_what_it_asked():
     pools = _pools(num_devices=6)
     pools.apply_elastic({0: (4, 0), 1: (1, 0)}, 0.0, {0: 1000.0, 1: 1.0})
     assert (_count(pools, 0), _count(pools, 1), pools.num_blocked) == (4, 1, 0)
+
+
+def test_in_a_full_fleet_freed_devices_go_to_the_most_starved_model_first():
+    pools = _pools(num_devices=5)
+    priority = {0: 1000.0, 1: 10.0}  # "busy" carries far more tokens
+    pools.apply_elastic({0: (2, 0), 1: (1, 0)}, 0.0, priority, preloaded=True)
+    # two devices free; busy has 2 of the 5 it wants now, sparse 1 of 3: sparse is the further behind
+    pools.apply_elastic({0: (5, 0), 1: (3, 0)}, 1.0, priority)
+    assert (_count(pools, 0), _count(pools, 1)) == (2, 3)
