@@ -122,8 +122,9 @@ class ElasticScaler:
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
+        is_over = sum(desired.values()) > budget_devices
         allotted = scale_to_budget(desired, budget_devices, priority=token_rate,
-                                   floor=unpadded_counts(desired, loads, p))
+                                   floor=unpadded_counts(desired, loads, p) if is_over else None)
         is_scaled_down = allotted != desired
         busy_set = set(busy)
         raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (0, 0)

@@ -160,12 +160,14 @@ class JanusControl(ControlPlane):
         # device units with the scaler's own rounding, then split each model's instances into prefill/decode again.
         wanted = {t.model: t.num_prefill + t.num_decode for t in plan.targets}
         tp = {m: costs[self.index[m]].tp for m in wanted}
-        unpadded = unpadded_counts(wanted, self.latest, self.elastic_policy)
-        budget = self.pools.elastic_budget()
+        wanted_devices = {m: n * tp[m] for m, n in wanted.items()}
+        budget = max(0, self.pools.elastic_budget())
         rate = {t.model: self.latest[t.model].features.token_rate_tps if t.model in self.latest else 0.0
                 for t in plan.targets}
-        allotted = scale_to_budget({m: n * tp[m] for m, n in wanted.items()}, max(0, budget), priority=rate,
-                                   floor={m: n * tp[m] for m, n in unpadded.items()})
+        floor = None
+        if sum(wanted_devices.values()) > budget:  # padding is served last (scale_to_budget's floor)
+            floor = {m: n * tp[m] for m, n in unpadded_counts(wanted, self.latest, self.elastic_policy).items()}
+        allotted = scale_to_budget(wanted_devices, budget, priority=rate, floor=floor)
         targets: dict[int, tuple[int, int]] = {}
         for t in plan.targets:
             app = self.index[t.model]
