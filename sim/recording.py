@@ -133,7 +133,8 @@ class RecordingDispatcher:
 
 
 def _heartbeat_args(hb: WorkerHeartbeat) -> dict:
-    # only what decode routing and co-located tie-breaking read (the simulator builds partial heartbeats with model_construct)
+    # only what decode routing and co-located tie-breaking read (the simulator builds partial heartbeats with
+    # model_construct)
     return {"worker_id": hb.worker_id, "sent_unix_ms": hb.sent_unix_ms,
             "instances": [{"instance_id": s.instance_id, "model": s.model, "role": s.role.value,
                            "pool": s.pool.value, "state": s.state.value, "num_waiting": s.num_waiting,
