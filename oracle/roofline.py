@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -74,16 +75,16 @@ class RooflineModel:
         return self.max_num_kv_tokens > 0
 
     # --- memory ------------------------------------------------------------------------------------------------
-    @property
+    @cached_property  # (and the three below) device, shape, tp and efficiency never change once set
     def total_weight_bytes(self) -> float:
         return self.shape.num_params * self.shape.bytes_per_param
 
-    @property
+    @cached_property
     def weight_bytes(self) -> float:
         """Weight bytes on each device of the group (everything split evenly by tensor parallelism)."""
         return self.total_weight_bytes / self.tp
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> float:
         """KV-cache bytes one token of context takes on each device. GQA splits KV heads over the group (a head is
         replicated when there are fewer KV heads than devices); MLA's latent vector is replicated on every device."""
@@ -95,7 +96,7 @@ class RooflineModel:
             per_layer = 2 * kv_heads_per_device * s.head_dim
         return float(per_layer * s.num_layers * s.kv_bytes_per_element)
 
-    @property
+    @cached_property
     def max_num_kv_tokens(self) -> int:
         """Tokens of KV cache that fit on each device beside the weights (0 when the weights do not fit)."""
         free_bytes = self.device.hbm_bytes * self.efficiency.memory_utilization - self.weight_bytes
@@ -261,8 +262,7 @@ class RooflineModel:
         times, which do not depend on the count, are worked out once."""
         if ttft_slo_ms <= 0 or tpot_slo_ms <= 0:
             raise ValueError("SLOs must be > 0 ms")
-        prefill_ms = np.asarray(self.prefill_ms(LoadPoint.of(features, 1).input_len_quantiles()))
-        prefill_mean_ms = float(np.mean(prefill_ms))
+        prefill_ms, prefill_mean_ms = _quantile_prefills(self, features.input_len_mean, features.input_len_var)
         out = []
         for m in replicas:
             eq = self.equilibrium(features, m, prefill_mean_ms)
@@ -272,3 +272,14 @@ class RooflineModel:
             out.append(token_attainment(LoadPoint.of(features, m), prefill_ms, eq.prefill_busy_share, eq.tpot_ms,
                                         ttft_slo_ms, tpot_slo_ms))
         return out
+
+
+@lru_cache(maxsize=4096)
+def _quantile_prefills(model: RooflineModel, input_len_mean: float, input_len_var: float) -> tuple[np.ndarray, float]:
+    """The prefill time of each prompt-length quantile of a load, and their mean: they depend on the lengths alone,
+    and the elastic scaler's searches ask the same load at many replica counts, tick after tick. (The array is
+    shared between callers: read it, never write it.)"""
+    point = LoadPoint(0.0, input_len_mean, input_len_var, 0.0)
+    prefill_ms = np.asarray(model.prefill_ms(point.input_len_quantiles()))
+    prefill_ms.flags.writeable = False
+    return prefill_ms, float(np.mean(prefill_ms))

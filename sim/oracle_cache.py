@@ -32,15 +32,22 @@ class CachedOracle:
         self.oracle = oracle
         self.resolution = resolution
         self._elasticity: dict[tuple, tuple[float, float, float, str, str]] = {}
+        self._bucketed: dict[tuple[float, float, float, float], LoadFeatures] = {}
         self.num_hits = 0
         self.num_misses = 0
 
     def _features(self, f: LoadFeatures) -> LoadFeatures:
-        r = self.resolution
-        return LoadFeatures.model_construct(token_rate_tps=bucket(f.token_rate_tps, r),
-                                            input_len_mean=bucket(f.input_len_mean, r),
-                                            input_len_var=bucket(f.input_len_var, 5 * r),
-                                            output_len_mean=bucket(f.output_len_mean, r))
+        # a search asks the same load once per round: remember the bucketed copy of each load seen lately
+        raw = (f.token_rate_tps, f.input_len_mean, f.input_len_var, f.output_len_mean)
+        bucketed = self._bucketed.get(raw)
+        if bucketed is None:
+            if len(self._bucketed) >= MAX_ENTRIES:
+                self._bucketed.clear()
+            r = self.resolution
+            bucketed = self._bucketed[raw] = LoadFeatures.model_construct(
+                token_rate_tps=bucket(f.token_rate_tps, r), input_len_mean=bucket(f.input_len_mean, r),
+                input_len_var=bucket(f.input_len_var, 5 * r), output_len_mean=bucket(f.output_len_mean, r))
+        return bucketed
 
     def capacity(self, query: CapacityQuery) -> CapacityReply:
         items = tuple(CapacityItem.model_construct(model=i.model, features=self._features(i.features))

@@ -6,7 +6,7 @@ simulator) and returns effects for the caller to carry out. No I/O, no clock rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import inf
+from math import inf, isfinite
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -194,12 +194,12 @@ class DispatcherCore:
                 times.append(min(job.request.arrival_ms for job in queue.values()) + max_wait_ms)
             if not is_lst_imh:
                 continue
-            for record in instances:
-                wake_ms = self._view.ledger(record.instance_id).epdt_ms - self.policy.lookahead_ms
-                if wake_ms > self._now_ms:
-                    times.append(wake_ms)
+            ledger, lookahead_ms, now_ms = self._view.ledger, self.policy.lookahead_ms, self._now_ms
+            times.append(min((wake_ms for r in instances
+                              if (wake_ms := ledger(r.instance_id).epdt_ms - lookahead_ms) > now_ms), default=inf))
             times.extend(job.hopeless_at_ms for job in queue.values() if job.is_late and job.hopeless_at_ms < inf)
-        return min(times) if times else None
+        earliest_ms = min(times, default=inf)
+        return None if earliest_ms == inf else earliest_ms
 
     # ------------------------------------------------------------------ views (for the shell, tests, the simulator)
 
@@ -229,7 +229,7 @@ class DispatcherCore:
 
     def _advance(self, now_ms: float) -> float:
         # One monotone clock: a wall clock stepping back a little must not reorder EPDTs and deadlines.
-        if not np.isfinite(now_ms):
+        if not isfinite(now_ms):  # math, not numpy: this runs on every event
             raise ValueError(f"now_ms must be a finite number, got {now_ms!r}")
         self._now_ms = max(self._now_ms, float(now_ms))
         if self._next_publish_ms is None:
@@ -322,20 +322,20 @@ class DispatcherCore:
     def _dispatch_lst_imh(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
     ) -> list[Effect]:
-        if any(r.role == InstanceRole.COLOCATED for r in instances):
+        if self._view.has_colocated(model):
             # LST-IMH breaks ties between equally free instances by position: put the least decode backlog first,
             # so that a co-located model's decoding spreads over its instances instead of piling on the first one
             # (docs/dispatcher.md: on 60 co-located instances, token attainment 0.885 -> 0.9999)
+            # (prefill_instances come sorted by id, and the sort is stable: ties stay in id order)
             backlog = self._decode.backlog
-            instances = sorted(instances, key=lambda r: (backlog(r.instance_id), r.instance_id))
-        available_ms = [self._view.ledger(r.instance_id).available_ms(now) for r in instances]
+            instances = sorted(instances, key=lambda r: backlog(r.instance_id))
+        ledger = self._view.ledger
+        available_ms = [max(now, ledger(r.instance_id).epdt_ms) for r in instances]  # PrefillLedger.available_ms
         if self._can_defer_round(now, queue, available_ms):
             return []
         jobs = list(queue.values())
         num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
-        proc_ms = np.empty((len(instances), len(jobs)))
-        for i, record in enumerate(instances):
-            proc_ms[i] = self._prefill_time.predict_many_ms(record, num_prompt_tokens)
+        proc_ms = self._proc_ms(instances, num_prompt_tokens)
         decision = plan_round(now, jobs, available_ms, proc_ms, self.policy)
         effects: list[Effect] = []
         for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
@@ -364,6 +364,21 @@ class DispatcherCore:
             effects.append(self._assign(now, job, instances[i], predicted_ms))
         return effects
 
+    def _proc_ms(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray) -> np.ndarray:
+        """p_ij for every instance and queued job (read-only). A model whose instances all answer with one array
+        (a predictor that knows they are alike returns the same object) shares one row instead of copying it per
+        instance: rounds of models with hundreds of instances run on every arrival. A predictor with
+        `predict_rows_ms` answers for all of a model's instances at once (PrefillTimeModel)."""
+        predict_rows = getattr(self._prefill_time, "predict_rows_ms", None)
+        if predict_rows is not None:
+            return np.broadcast_to(predict_rows(instances, num_prompt_tokens), (len(instances), len(num_prompt_tokens)))
+        predict = self._prefill_time.predict_many_ms
+        rows = [predict(record, num_prompt_tokens) for record in instances]
+        first = rows[0]
+        if all(row is first for row in rows):
+            return np.broadcast_to(np.asarray(first, dtype=np.float64), (len(rows), len(num_prompt_tokens)))
+        return np.array(rows, dtype=np.float64).reshape(len(rows), len(num_prompt_tokens))
+
     def _can_defer_round(self, now: float, queue: dict[str, Job], available_ms: list[float]) -> bool:
         """Nothing to commit yet: every instance is busy beyond the lookahead, and no late request has turned
         hopeless. The round then waits for next_wakeup_ms (an instance coming near free) with the same EPDTs, so
@@ -382,19 +397,24 @@ class DispatcherCore:
     ) -> list[Effect]:
         """Round-robin and least-load: deadline-blind, every request goes out at once, nothing is rejected late."""
         effects: list[Effect] = []
-        ledgers = [self._view.ledger(r.instance_id) for r in instances]
+        is_round_robin = self.policy.algorithm == Algorithm.ROUND_ROBIN
+        if not is_round_robin:
+            # least-load's key per instance, built once per round; an assignment changes only its instance's key
+            ledger = self._view.ledger
+            ledgers = [ledger(r.instance_id) for r in instances]
+            keys = [(max(now, led.epdt_ms), led.num_outstanding, r.instance_id) for led, r in zip(ledgers, instances)]
         for job in sorted(queue.values(), key=lambda j: (j.request.arrival_ms, j.request_id)):
-            if self.policy.algorithm == Algorithm.ROUND_ROBIN:
+            if is_round_robin:
                 cursor = self._rr_cursor.get(model, 0)
                 chosen = cursor % len(instances)
                 self._rr_cursor[model] = cursor + 1
             else:
-                chosen = min(
-                    range(len(instances)),
-                    key=lambda i: (max(now, ledgers[i].epdt_ms), ledgers[i].num_outstanding, instances[i].instance_id),
-                )
+                chosen = min(range(len(instances)), key=keys.__getitem__)
             record = instances[chosen]
             predicted_ms = float(self._prefill_time.predict_ms(record, job.request.num_prompt_tokens))
             self._dequeue(queue, job)
             effects.append(self._assign(now, job, record, predicted_ms))
+            if not is_round_robin:
+                led = ledgers[chosen]
+                keys[chosen] = (max(now, led.epdt_ms), led.num_outstanding, record.instance_id)
         return effects

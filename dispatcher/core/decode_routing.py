@@ -16,25 +16,28 @@ class DecodeBacklog:
         # instance -> request -> when its prefill finished (None: not yet, so no report can count it)
         self._sent: dict[str, dict[str, float | None]] = {}
         self._instance_of: dict[str, str] = {}
+        # instance -> reported + len(sent), kept up to date: every assignment reads it for every candidate
+        self._backlog: dict[str, int] = {}
 
     def backlog(self, instance_id: str) -> int:
-        reported = self._reported.get(instance_id, (float("-inf"), 0))[1]
-        return reported + len(self._sent.get(instance_id, ()))
+        return self._backlog.get(instance_id, 0)
 
     def choose(self, candidates: Iterable[InstanceRecord]) -> InstanceRecord | None:
         """Least backlog; ties by the fuller share of max_num_seqs, then instance id (deterministic)."""
+        backlog = self._backlog.get
         best: InstanceRecord | None = None
-        best_key: tuple[int, float, str] | None = None
+        best_num = 0
         for record in candidates:
-            num = self.backlog(record.instance_id)
-            key = (num, num / record.max_num_seqs, record.instance_id)
-            if best_key is None or key < best_key:
-                best, best_key = record, key
+            num = backlog(record.instance_id, 0)
+            if best is None or num < best_num or (num == best_num and (
+                    (num / record.max_num_seqs, record.instance_id) < (num / best.max_num_seqs, best.instance_id))):
+                best, best_num = record, num
         return best
 
     def record_sent(self, instance_id: str, request_id: str) -> None:
         self._sent.setdefault(instance_id, {})[request_id] = None
         self._instance_of[request_id] = instance_id
+        self._backlog[instance_id] = self._backlog.get(instance_id, 0) + 1
 
     def record_prefill_done(self, request_id: str, now_ms: float) -> None:
         instance_id = self._instance_of.get(request_id)
@@ -43,8 +46,8 @@ class DecodeBacklog:
 
     def forget_request(self, request_id: str) -> None:
         instance_id = self._instance_of.pop(request_id, None)
-        if instance_id is not None:
-            self._sent[instance_id].pop(request_id, None)
+        if instance_id is not None and self._sent[instance_id].pop(request_id, False) is not False:
+            self._backlog[instance_id] -= 1
 
     def report(self, instance_id: str, sent_ms: float, num_seqs: int) -> None:
         """A heartbeat: the instance held num_seqs at sent_ms. Sent requests whose KV arrived before then are in it."""
@@ -53,13 +56,14 @@ class DecodeBacklog:
             return  # out-of-order heartbeat
         self._reported[instance_id] = (sent_ms, num_seqs)
         sent = self._sent.get(instance_id)
-        if not sent:
-            return
-        for request_id in [rid for rid, done_ms in sent.items() if done_ms is not None and done_ms <= sent_ms]:
-            del sent[request_id]
-            self._instance_of.pop(request_id, None)
+        if sent:
+            for request_id in [rid for rid, done_ms in sent.items() if done_ms is not None and done_ms <= sent_ms]:
+                del sent[request_id]
+                self._instance_of.pop(request_id, None)
+        self._backlog[instance_id] = num_seqs + len(sent or ())
 
     def forget_instance(self, instance_id: str) -> None:
         self._reported.pop(instance_id, None)
+        self._backlog.pop(instance_id, None)
         for request_id in self._sent.pop(instance_id, {}):
             self._instance_of.pop(request_id, None)

@@ -15,6 +15,7 @@ are served only by instances that would otherwise idle, one at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import inf
 
 import numpy as np
 
@@ -152,22 +153,27 @@ def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], p
     general path relaxes or rejects."""
     due_ms = job.deadline_ms - policy.deadline_margin_frac * job.request.ttft_slo_ms
     column = proc_ms[:, 0].tolist()
+    # One pass each, no sorting (rounds of models with hundreds of instances run on every arrival):
+    # chosen = the latest-free instance that passes Moore-Hodgson's test for one job (ties: the lowest index).
     chosen = None
-    for i in sorted(range(len(available_ms)), key=lambda i: (-available_ms[i], i)):
-        if column[i] <= due_ms - (available_ms[i] - FEASIBILITY_EPS_MS):  # Moore-Hodgson's test for one job
-            chosen = i
-            break
+    chosen_ms = -inf
+    for i, available in enumerate(available_ms):
+        if available > chosen_ms and column[i] <= due_ms - (available - FEASIBILITY_EPS_MS):
+            chosen, chosen_ms = i, available
     if chosen is None:
         return None
     decision = RoundDecision()
-    horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else float("inf")
-    is_chosen_far = available_ms[chosen] > horizon_ms
-    near = sorted((i for i in range(len(available_ms)) if available_ms[i] <= horizon_ms),
-                  key=lambda i: (available_ms[i], i))
-    for i in near:
-        # A near-free instance other than the chosen one plans nothing; it may take the job from a far one.
-        if i == chosen or (is_chosen_far and policy.is_work_conserving
-                           and available_ms[i] + column[i] <= due_ms + FEASIBILITY_EPS_MS):
-            decision.commits.append((i, 0, float(column[i])))
-            break
+    horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
+    if chosen_ms <= horizon_ms:
+        decision.commits.append((chosen, 0, float(column[chosen])))  # near free: it takes the job now
+    elif policy.is_work_conserving:
+        # A near-free instance would plan nothing this round: the earliest-free one (ties: the lowest index) that
+        # makes the deadline takes the job from the far one.
+        taker = None
+        for i, available in enumerate(available_ms):
+            if (available <= horizon_ms and available + column[i] <= due_ms + FEASIBILITY_EPS_MS
+                    and (taker is None or available < available_ms[taker])):
+                taker = i
+        if taker is not None:
+            decision.commits.append((taker, 0, float(column[taker])))
     return decision

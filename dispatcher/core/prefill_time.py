@@ -24,7 +24,11 @@ class PrefillTimeModel(Protocol):
 
     def predict_many_ms(self, instance: InstanceRecord, num_prompt_tokens: np.ndarray) -> np.ndarray:
         """The same for many prompt lengths at once (float64 array of the same shape); the scheduler calls this
-        once per instance and round, so it should be vectorised."""
+        once per instance and round, so it should be vectorised.
+
+        Optional: `predict_rows_ms(instances, num_prompt_tokens)`, the same for all of one model's routable
+        instances at once, shape (len(instances), n) or (1, n) when they are all alike. The scheduler uses it
+        when present (a predictor that knows its instances are alike saves a call per instance and round)."""
         ...
 
 

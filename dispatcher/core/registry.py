@@ -19,7 +19,7 @@ class InstanceView:
         self._lost_at_ms: dict[str, float] = {}
         # routable instances per (model, role group): rebuilt lazily after any change to records or bans, since a
         # dispatch round asks for them on every arrival and the registry changes far less often
-        self._routable: dict[tuple[str, str], tuple[InstanceRecord, ...]] = {}
+        self._routable: dict[tuple[str, str], tuple[InstanceRecord, ...] | bool] = {}
 
     def update(self, now_ms: float, records: Iterable[InstanceRecord]) -> list[str]:
         """Replace the snapshot. Returns instances to treat as lost: FAILED, or gone while still holding prefills
@@ -101,6 +101,14 @@ class InstanceView:
                  and (r.role == InstanceRole.COLOCATED or has_decode)
                  and self.is_routable(r.instance_id)),
                 key=lambda r: r.instance_id))
+        return cached
+
+    def has_colocated(self, model: str) -> bool:
+        """Whether any routable prefill instance of the model is co-located (cached with the routable set)."""
+        key = (model, "colocated")
+        cached = self._routable.get(key)
+        if cached is None:
+            cached = self._routable[key] = any(r.role == InstanceRole.COLOCATED for r in self.prefill_instances(model))
         return cached
 
     def ledger(self, instance_id: str) -> PrefillLedger:

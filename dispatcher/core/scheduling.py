@@ -7,6 +7,7 @@ the predicted prefill time p_ij. Request j can be finished on time by instance i
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -80,7 +81,8 @@ def lst_imh(available_ms: Sequence[float], proc_ms: np.ndarray, due_ms: Sequence
     if num_requests == 0:
         return LstImhPlan(assigned=((),) * num_instances, unassigned=())
     proc = np.asarray(proc_ms, dtype=np.float64).reshape(num_instances, num_requests)
-    if np.any(proc < 0) or not np.all(np.isfinite(proc)):
+    # min/max rather than any/all of elementwise tests: one pass each, and NaN fails the comparisons
+    if num_instances and not (proc.min() >= 0 and proc.max() < math.inf):
         raise ValueError("predicted prefill times must be finite and >= 0")
     order = np.argsort(due, kind="stable")
     due_sorted = due[order].tolist()
@@ -90,13 +92,15 @@ def lst_imh(available_ms: Sequence[float], proc_ms: np.ndarray, due_ms: Sequence
     num_left = num_requests
     row_ms: list[float] = []
     previous_row: np.ndarray | None = None
+    # identical instances (the common case) share one list, found with one comparison of the whole matrix
+    is_uniform = num_instances > 0 and bool((proc_sorted == proc_sorted[0]).all())
     # Latest available first; ties by input index so the plan is deterministic.
     for i in sorted(range(num_instances), key=lambda i: (-available_ms[i], i)):
         if num_left == 0:
             break
-        if previous_row is None or not np.array_equal(proc_sorted[i], previous_row):
+        if previous_row is None or not (is_uniform or np.array_equal(proc_sorted[i], previous_row)):
             previous_row = proc_sorted[i]
-            row_ms = previous_row.tolist()  # identical instances (the common case) share one list
+            row_ms = previous_row.tolist()
         kept = _moore_hodgson_pass(row_ms, due_sorted, float(available_ms[i]), is_taken)
         for k in kept:
             is_taken[k] = 1
