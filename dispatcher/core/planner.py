@@ -21,7 +21,7 @@ import numpy as np
 
 from .jobs import Job
 from .policy import DispatchPolicy, OverloadPolicy
-from .scheduling import FEASIBILITY_EPS_MS, lst_imh
+from .scheduling import FEASIBILITY_EPS_MS, LstImhPlan, lst_imh
 
 
 @dataclass
@@ -86,7 +86,8 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
     plan_on_time = lst_imh(available_ms, proc_ms[:, on_time], (deadline - margin_ms)[on_time])
     planned_ms = np.zeros(num_instances)
     for i, picked in enumerate(plan_on_time.assigned):
-        planned_ms[i] = proc_ms[i, [on_time[p] for p in picked]].sum() if picked else 0.0
+        if picked:
+            planned_ms[i] = proc_ms[i, [on_time[p] for p in picked]].sum()
     for p in plan_on_time.unassigned:
         k = on_time[p]
         relaxed = _relax(jobs[k], deadline[k], num_relax[k], policy)
@@ -98,7 +99,10 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
         late.append(k)
 
     due = deadline - margin_ms
-    plan_late = lst_imh(list(np.asarray(available_ms) + planned_ms), proc_ms[:, late], due[late])
+    if late:
+        plan_late = lst_imh(list(np.asarray(available_ms) + planned_ms), proc_ms[:, late], due[late])
+    else:  # the usual round: nothing late, and the instances' availabilities need not be shifted
+        plan_late = LstImhPlan(assigned=((),) * num_instances, unassigned=())
     fastest_ms = proc_ms.min(axis=0)
     for p in plan_late.unassigned:
         k = late[p]

@@ -94,8 +94,9 @@ def lst_imh(available_ms: Sequence[float], proc_ms: np.ndarray, due_ms: Sequence
     previous_row: np.ndarray | None = None
     # identical instances (the common case) share one list, found with one comparison of the whole matrix
     is_uniform = num_instances > 0 and bool((proc_sorted == proc_sorted[0]).all())
-    # Latest available first; ties by input index so the plan is deterministic.
-    for i in sorted(range(num_instances), key=lambda i: (-available_ms[i], i)):
+    # Latest available first; ties by input index so the plan is deterministic (a stable sort keeps equal keys in
+    # input order, reverse=True included).
+    for i in sorted(range(num_instances), key=available_ms.__getitem__, reverse=True):
         if num_left == 0:
             break
         if previous_row is None or not (is_uniform or np.array_equal(proc_sorted[i], previous_row)):
