@@ -65,8 +65,6 @@ class StepCost:
             self._ar1_ms = r2 - r1
             self._ar0_ms = r1 - self._ar1_ms
         self.max_num_tokens = max_num_tokens
-        self._last_many_in = None
-        self._last_many_out = None
 
     def _weights(self, num_tokens: int) -> float:
         if self._weights_read is None:
@@ -104,16 +102,7 @@ class StepCost:
         return self.iteration_s(num_tokens, num_seqs, 0, 0.0)
 
     def prefill_s_many(self, num_tokens: np.ndarray) -> np.ndarray:
-        """`prefill_s` of one sequence for each prompt length in an array (the dispatcher's p_j). The dispatcher
-        asks once per instance with the same array in a round: the last answer is reused for the same object
-        (held here, so its id cannot be recycled meanwhile)."""
-        if num_tokens is self._last_many_in:
-            return self._last_many_out
-        out = self._prefill_s_many(num_tokens)
-        self._last_many_in, self._last_many_out = num_tokens, out
-        return out
-
-    def _prefill_s_many(self, num_tokens: np.ndarray) -> np.ndarray:
+        """`prefill_s` of one sequence for each prompt length in an array (the dispatcher's p_j)."""
         n = np.asarray(num_tokens, dtype=np.float64)
         flops = self._lin_flops * n + self._head_flops + self._attn_flops * n * (n + 1) / 2
         if self._weights_read is None:
@@ -153,7 +142,7 @@ class FastRoofline(RooflineModel):
         n = np.asarray(num_tokens, dtype=float)
         if np.any(n < 0):
             raise ValueError("prefill_ms: num_tokens >= 0 and num_seqs >= 1")
-        out = 1e3 * self._cost._prefill_s_many(n)
+        out = 1e3 * self._cost.prefill_s_many(n)
         return float(out) if out.ndim == 0 else out
 
 

@@ -28,21 +28,16 @@ class SimPrefillTime:
 
     def __init__(self, cost_by_model: dict[str, object]):
         self._cost = cost_by_model
-        self._last_in = self._last_model = self._last_out = None
 
     def predict_ms(self, instance: InstanceRecord, num_prompt_tokens: int) -> float:
         return 1e3 * self._cost[instance.model].prefill_s(int(num_prompt_tokens))
 
     def predict_many_ms(self, instance: InstanceRecord, num_prompt_tokens: np.ndarray) -> np.ndarray:
-        # a round asks once per instance with the same array: answer the repeats from the last result
-        if num_prompt_tokens is self._last_in and instance.model == self._last_model:
-            return self._last_out
-        out = 1e3 * self._cost[instance.model].prefill_s_many(num_prompt_tokens)
-        self._last_in, self._last_model, self._last_out = num_prompt_tokens, instance.model, out
-        return out
+        return 1e3 * self._cost[instance.model].prefill_s_many(num_prompt_tokens)
 
     def predict_rows_ms(self, instances, num_prompt_tokens: np.ndarray) -> np.ndarray:
-        """A round's instances are one model's, all on one kind of device: one row serves them all."""
+        """A round's instances are one model's, all on one kind of device: one row serves them all (the core asks
+        this once per round)."""
         return self.predict_many_ms(instances[0], num_prompt_tokens)[None, :]
 
 

@@ -365,19 +365,15 @@ class DispatcherCore:
         return effects
 
     def _proc_ms(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray) -> np.ndarray:
-        """p_ij for every instance and queued job (read-only). A model whose instances all answer with one array
-        (a predictor that knows they are alike returns the same object) shares one row instead of copying it per
-        instance: rounds of models with hundreds of instances run on every arrival. A predictor with
-        `predict_rows_ms` answers for all of a model's instances at once (PrefillTimeModel)."""
+        """p_ij for every instance and queued job (read-only). A predictor with `predict_rows_ms` answers for all of
+        a model's instances at once, one shared row when they are alike (PrefillTimeModel): rounds of models with
+        hundreds of instances run on every arrival."""
+        shape = (len(instances), len(num_prompt_tokens))
         predict_rows = getattr(self._prefill_time, "predict_rows_ms", None)
         if predict_rows is not None:
-            return np.broadcast_to(predict_rows(instances, num_prompt_tokens), (len(instances), len(num_prompt_tokens)))
+            return np.broadcast_to(predict_rows(instances, num_prompt_tokens), shape)
         predict = self._prefill_time.predict_many_ms
-        rows = [predict(record, num_prompt_tokens) for record in instances]
-        first = rows[0]
-        if all(row is first for row in rows):
-            return np.broadcast_to(np.asarray(first, dtype=np.float64), (len(rows), len(num_prompt_tokens)))
-        return np.array(rows, dtype=np.float64).reshape(len(rows), len(num_prompt_tokens))
+        return np.array([predict(record, num_prompt_tokens) for record in instances], dtype=np.float64).reshape(shape)
 
     def _can_defer_round(self, now: float, queue: dict[str, Job], available_ms: list[float]) -> bool:
         """Nothing to commit yet: every instance is busy beyond the lookahead, and no late request has turned
