@@ -33,6 +33,7 @@ log = logging.getLogger("janus.bus")
 
 T = TypeVar("T")
 ERROR_HEADER = "Janus-Error"
+NO_RESPONDER_RETRY_S = 0.05
 Handler = Callable[[Any, "Envelope"], Awaitable[None]]
 ReplyHandler = Callable[[Any, "Envelope"], Awaitable[BaseModel]]
 
@@ -150,7 +151,15 @@ class Bus:
         self._check_size(data, subject)
         hdrs = tracing.inject_headers(dict(headers or {}))
         try:
-            msg = await self.nc.request(subject, data, timeout=timeout_s, headers=hdrs or None)
+            try:
+                msg = await self.nc.request(subject, data, timeout=timeout_s, headers=hdrs or None)
+            except NoRespondersError:
+                # Asked once more, NO_RESPONDER_RETRY_S later: nats-server now and then answers "no responders"
+                # for a subscription it has already confirmed (a flushed SUB on another connection; seen in ~2 % of
+                # requests right after the replier subscribed). Safe to send again: a 503 means nobody got it. A
+                # service that is really away still fails, 50 ms later.
+                await asyncio.sleep(NO_RESPONDER_RETRY_S)
+                msg = await self.nc.request(subject, data, timeout=timeout_s, headers=hdrs or None)
         except NoRespondersError:
             raise BusError.of(ErrorCode.UNAVAILABLE, f"no service answers on {subject}", retryable=True) from None
         except (NatsTimeoutError, asyncio.TimeoutError):
