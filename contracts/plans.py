@@ -29,7 +29,7 @@ class Move(Message):
 class SteadyPlan(Message):
     plan_id: str
     created_unix_ms: float
-    trigger: Literal["periodic", "arrival", "departure", "consolidation", "startup"]
+    trigger: Literal["periodic", "arrival", "departure", "consolidation", "startup", "overflow"]
     steady_models: tuple[str, ...]
     elastic_models: tuple[str, ...] = Field(description="isolated to the elastic pool up front")
     bins: tuple[BinAssignment, ...]

@@ -111,6 +111,13 @@ class RooflineModel:
         """Fork: pull the weights of a live replica over the device-to-device link, devices in parallel."""
         return 1e3 * self.weight_bytes / self.device.d2d_bytes_per_s
 
+    def net_load_ms(self) -> float:
+        """Warm elsewhere -> Active: pull the weights from another host's pinned memory over the network (RDMA),
+        every device of the group its own shard; infinite where the device spec knows no network."""
+        if self.device.net_bytes_per_s <= 0:
+            return float("inf")
+        return 1e3 * self.weight_bytes / self.device.net_bytes_per_s
+
     def disk_load_ms(self) -> float:
         """Cold -> Active: read from disk into host memory, then copy to the device (not overlapped)."""
         return 1e3 * self.weight_bytes / self.device.disk_bytes_per_s + self.h2d_load_ms()

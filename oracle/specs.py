@@ -22,7 +22,8 @@ class DeviceSpec:
     """One device (one die): capacity and the speeds that bound serving work on it.
 
     `d2d_bytes_per_s` is the link a replica is forked over (device to *another* device), not a copy inside one
-    device; `local_copy_bytes_per_s` is the latter (0 when unknown)."""
+    device; `local_copy_bytes_per_s` is the latter (0 when unknown). `net_bytes_per_s` is the scale-out network a
+    device reads another host's pinned memory over (RDMA; 0 when unknown: no such path)."""
 
     name: str
     hbm_bytes: int
@@ -32,6 +33,7 @@ class DeviceSpec:
     d2d_bytes_per_s: float
     disk_bytes_per_s: float
     local_copy_bytes_per_s: float = 0.0
+    net_bytes_per_s: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -68,7 +70,8 @@ def _h200_measured() -> dict[str, float]:
 def h200() -> DeviceSpec:
     """NVIDIA H200 SXM. HBM size and speeds from NVIDIA's datasheet (141 GB HBM3e = 143,771 MiB as nvidia-smi reports
     it, 4.8 TB/s, 989 TFLOP/s dense BF16); pinned host->device and in-device copy measured here; NVLink 4 gives
-    450 GB/s per direction to a peer; disk is one PCIe 4.0 NVMe drive (~7 GB/s), an assumption."""
+    450 GB/s per direction to a peer; disk is one PCIe 4.0 NVMe drive (~7 GB/s), an assumption. Network: one
+    400 Gb/s RDMA NIC per GPU (as in DGX H200) at the efficiency the host link measured here (55/64), an assumption."""
     measured = _h200_measured()
     return DeviceSpec(
         name="nvidia-h200",
@@ -79,6 +82,7 @@ def h200() -> DeviceSpec:
         d2d_bytes_per_s=450e9,
         disk_bytes_per_s=7e9,
         local_copy_bytes_per_s=measured["d2d"] * 1e9,
+        net_bytes_per_s=50e9 * 55 / 64,
         source="NVIDIA H200 datasheet; h2d and local copy measured (reference/h200-limits.json)",
     )
 
@@ -88,7 +92,8 @@ def ascend_910c_die() -> DeviceSpec:
     package: ~752-780 TFLOP/s BF16, 128 GB HBM2E in eight stacks at 3.2 TB/s (CloudMatrix384 report, arXiv
     2506.12708; DigiTimes via TechPowerUp), split evenly per die. Die-to-die link: 163.6 GB/s, the figure the Janus
     paper uses for its D2D restore. Host link: half of a PCIe 5.0 x16 at the efficiency the H200 measured here
-    (55/64) per die, an assumption. Disk as for the H200, an assumption."""
+    (55/64) per die, an assumption. Disk as for the H200, an assumption. Network: the package's 400 Gb/s RDMA plane
+    (CloudMatrix384 report) split per die, at the same efficiency, an assumption."""
     return DeviceSpec(
         name="ascend-910c-die",
         hbm_bytes=64 * GIB,
@@ -97,6 +102,7 @@ def ascend_910c_die() -> DeviceSpec:
         h2d_bytes_per_s=27.6e9,
         d2d_bytes_per_s=163.6e9,
         disk_bytes_per_s=7e9,
+        net_bytes_per_s=25e9 * 55 / 64,
         source="CloudMatrix384 report (arXiv 2506.12708) per-package figures / 2; Janus paper D2D link",
     )
 

@@ -2,7 +2,8 @@
 
 In: model load windows, worker heartbeats (which devices exist), the catalogue from the cluster config. Every
 `planner.steady.period_s` (and once at start) it plans in a worker thread (the core asks the oracle over the bus)
-and publishes the SteadyPlan into the JetStream stream PLANS on `janus.plan.steady`."""
+and publishes the SteadyPlan into the JetStream stream PLANS on `janus.plan.steady`. A steady model whose requests
+queue at the dispatchers gets an early plan (trigger "overflow", planner.core.overflow)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
 from .core.oracle_port import OracleAnswerError
+from .core.overflow import OverflowWatch
 from .core.policy import PlannerPolicy
 from .core.steady import SteadyPlanner
 from .shell import WorkerLiveness, ensure_plans_stream, now_ms, publish_event
@@ -35,8 +37,12 @@ class SteadyPlannerService(Service):
         self.workers = WorkerLiveness(self.policy.reconciler.heartbeat_timeout_ms)
         self._windows: list[ModelLoadWindow] = []
         self._task: asyncio.Task | None = None
+        self._early: asyncio.Task | None = None
+        self._planning = asyncio.Lock()  # one plan at a time: the core is not thread-safe
+        self.overflow = OverflowWatch(self.policy.steady)
         self.last_plan: SteadyPlan | None = None
         self.num_plans = 0
+        self.num_overflow_plans = 0
         self.num_failures = 0
 
     async def start(self, bus: Bus) -> None:
@@ -49,13 +55,15 @@ class SteadyPlannerService(Service):
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._early):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def health_detail(self) -> dict[str, str]:
-        detail = {"plans": str(self.num_plans), "failures": str(self.num_failures)}
+        detail = {"plans": str(self.num_plans), "overflow_plans": str(self.num_overflow_plans),
+                  "failures": str(self.num_failures)}
         if self.last_plan is not None:
             detail["last_plan"] = self.last_plan.plan_id
             detail["steady_devices"] = str(len(self.last_plan.bins))
@@ -63,6 +71,14 @@ class SteadyPlannerService(Service):
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         self._windows.append(window)  # handed to the core at the next plan, in the core's thread
+        self.overflow.observe(window)
+        if self.last_plan is None or (self._early is not None and not self._early.done()):
+            return
+        overflowing = self.overflow.due(now_ms(), self.last_plan.steady_models)
+        if overflowing:
+            log.info("steady planner: %s queue(s) up: planning now", ", ".join(overflowing))
+            self.num_overflow_plans += 1
+            self._early = asyncio.create_task(self.plan_once("overflow"))
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self.workers.on_heartbeat(hb, now_ms())
@@ -76,6 +92,10 @@ class SteadyPlannerService(Service):
 
     async def plan_once(self, trigger: str = "periodic") -> SteadyPlan | None:
         """Plan now and publish; None when there is nothing to plan on (no live worker) or the oracle failed."""
+        async with self._planning:
+            return await self._plan_once(trigger)
+
+    async def _plan_once(self, trigger: str) -> SteadyPlan | None:
         assert self.core is not None and self.bus is not None
         now = now_ms()
         workers = self.workers.alive(now)

@@ -20,6 +20,7 @@ class LoadTimes:
 
     h2d_s: float  # warm -> active (pinned host memory)
     d2d_s: float  # fork from a live replica
+    net_s: float  # warm on another host -> active (its pinned memory over the network)
     disk_s: float  # cold -> active
 
 
@@ -121,7 +122,8 @@ class StepCost:
 
     def load_times(self) -> LoadTimes:
         rm = self.roofline
-        return LoadTimes(h2d_s=rm.h2d_load_ms() / 1e3, d2d_s=rm.d2d_load_ms() / 1e3, disk_s=rm.disk_load_ms() / 1e3)
+        return LoadTimes(h2d_s=rm.h2d_load_ms() / 1e3, d2d_s=rm.d2d_load_ms() / 1e3, net_s=rm.net_load_ms() / 1e3,
+                         disk_s=rm.disk_load_ms() / 1e3)
 
 
 class FastRoofline(RooflineModel):

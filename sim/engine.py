@@ -184,6 +184,7 @@ class Sim:
         inst = SimInstance(f"i{self._next_instance}-a{app}-{role[0]}", app, role, pool, cost, self.table,
                            worker_id=f"w{device_ids[0]}")
         inst.created_s = now_s
+        inst.ready_at_s = now_s + load_s
         executor.add(inst)
         self.instances[inst.instance_id] = inst
         self.instances_by_app.setdefault(app, []).append(inst)

@@ -22,7 +22,6 @@ from typing import Protocol
 import numpy as np
 
 from .costmodel import StepCost
-from .metrics import on_time_in_uniform_run
 from .requests import RequestTable
 
 MAX_ROUNDS_PER_RUN = 128  # bounds the error of evaluating a run's step time at its mid-point context
@@ -50,7 +49,7 @@ class SimInstance:
 
     __slots__ = ("instance_id", "app", "role", "pool", "cost", "executor", "table", "waiting", "head_done_tokens",
                  "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready", "num_in_flight", "seq", "max_num_batched_tokens",
-                 "worker_id", "created_s")
+                 "worker_id", "created_s", "ready_at_s")
 
     def __init__(self, instance_id: str, app: int, role: str, pool: str, cost: StepCost, table: RequestTable,
                  max_num_batched_tokens: int = 8192, worker_id: str = ""):
@@ -78,6 +77,7 @@ class SimInstance:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.worker_id = worker_id
         self.created_s = 0.0
+        self.ready_at_s = 0.0  # when its load and verify end
 
     @property
     def context_tokens(self) -> int:

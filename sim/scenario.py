@@ -63,6 +63,10 @@ class Scenario:
     apps: list[AppSpec]
     num_devices: int
     efficiency: Efficiency
+    # Every model of the catalogue starts Warm somewhere: its weights were read from disk into a host's pinned
+    # memory when the catalogue was deployed (the headline's 62 models take 1.2 TB, one copy each, spread over the
+    # fleet's hosts). False: a model's first load reads its disk.
+    is_warm_at_start: bool = True
 
     def cost(self, app: int) -> StepCost:
         spec = self.apps[app]

@@ -2,6 +2,7 @@
 
 - pool assignment (`PoolAssigner`): large or volatile models to the elastic pool, back with hysteresis;
 - steady planner (`SteadyPlanner`): Phi bin packing, local repack, consolidation, optional exact MILP;
+- overflow watch (`OverflowWatch`): a steady model whose requests queue gets an early steady plan;
 - elastic scaler (`ElasticScaler`): m* by binary search on the Elasticity predictions, budget, debounce;
 - reconciler (`Reconciler`): plans vs registry and heartbeats -> lifecycle commands, retries, reports.
 """
@@ -9,6 +10,7 @@ from .commands import PlanStatus, ReconcileEffects
 from .elastic import ElasticDecision, ElasticScaler, split_prefill_decode
 from .elastic import unpadded_counts
 from .exact import ExactResult, solve_exact
+from .overflow import OverflowWatch
 from .greedy import lower_bound, pack_ffd, pack_phi
 from .oracle_port import OracleAnswerError, OracleLike
 from .packing import Packing, phi
@@ -21,7 +23,7 @@ from .rounding import largest_remainder, scale_to_budget
 from .steady import SteadyDecision, SteadyPlanner
 
 __all__ = [
-    "ElasticDecision", "ElasticPolicy", "LoadBook", "PlannerPolicy", "merge_windows", "ElasticScaler", "ExactResult", "OracleAnswerError", "OracleLike", "Packing",
+    "ElasticDecision", "ElasticPolicy", "LoadBook", "PlannerPolicy", "merge_windows", "ElasticScaler", "ExactResult", "OracleAnswerError", "OracleLike", "OverflowWatch", "Packing",
     "PlanStatus", "PoolAssigner", "PoolPolicy", "PoolVerdict", "ReconcileEffects", "Reconciler", "ReconcilerPolicy",
     "ReplicaSearch", "SteadyDecision", "SteadyPlanner", "SteadyPolicy", "largest_remainder", "lower_bound", "pack_ffd",
     "pack_phi", "phi", "scale_to_budget", "search_min_replicas", "solve_exact", "split_prefill_decode",

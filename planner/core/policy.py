@@ -46,6 +46,11 @@ class SteadyPolicy(_Policy):
     is_exact: bool = Field(default=False, description="pack with the MILP when the instance is small enough")
     max_num_exact_models: int = Field(default=14, ge=1)
     exact_time_limit_s: float = Field(default=2.0, gt=0)
+    overflow_queue_depth: int = Field(default=1, ge=0, description="a steady model with at least this many "
+                                      "requests queued at a dispatcher in overflow_num_windows load windows in a row "
+                                      "is planned again at once (overflow.py); 0 turns it off")
+    overflow_num_windows: int = Field(default=4, ge=1, description="4 windows: 2 s of queueing at the 0.5 s period")
+    overflow_min_interval_s: float = Field(default=15.0, ge=0, description="early plans at most this often")
 
 
 class ElasticPolicy(_Policy):

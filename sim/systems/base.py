@@ -81,33 +81,55 @@ class SystemRun:
         self.dispatch = CoreDispatch(self.sim, trace.app_names, self.costs, policy, self.recorder)
         self.dispatch.load_listeners.append(control.on_load)
         self.warm: set[tuple[int, int]] = set()  # (device, app): weights kept in that host's pinned memory
-        self.counters: dict[str, int] = {"fork": 0, "warm_copy": 0, "cold_load": 0, "preloaded": 0, "drained": 0}
+        # apps warm in some host's memory
+        self.warm_apps: set[int] = set(range(trace.num_apps)) if scenario.is_warm_at_start else set()
+        self.counters: dict[str, int] = {"fork": 0, "warm_copy": 0, "remote_warm": 0, "cold_load": 0,
+                                         "preloaded": 0, "drained": 0}
 
     # ------------------------------------------------------------------------------------------- lifecycle
-    def load_path(self, app: int, device_ids: tuple[int, ...]) -> tuple[str, float]:
-        """The fastest way to bring `app` onto `device_ids` (DESIGN.md, Lifecycle): fork from a live replica over
-        the device link, else a warm copy from this host's pinned memory, else a cold load from disk. Then verify."""
+    def load_path(self, app: int, device_ids: tuple[int, ...], now_s: float) -> tuple[str, float]:
+        """The fastest way to bring `app` onto `device_ids` (DESIGN.md, Lifecycle), then verify:
+        - fork from a live replica over the device link;
+        - a warm copy from this host's pinned memory;
+        - otherwise the quickest of: a cold load from disk; a pull from another host's pinned memory over the
+          network (RDMA reads, as a fork's), one at a time per model (one source host's link); a fork from a
+          replica that is still loading, once it is ready (a scale-out from zero loads one replica and forks
+          the rest from it)."""
         times = self.costs[app].load_times()
-        if any(i.is_ready for i in self.sim.instances_by_app.get(app, ())):
+        insts = self.sim.instances_by_app.get(app, ())
+        if any(i.is_ready for i in insts):
             return "fork", times.d2d_s + VERIFY_S
         if all((d, app) in self.warm for d in device_ids):
             return "warm_copy", times.h2d_s + VERIFY_S
-        return "cold_load", times.disk_s + VERIFY_S
+        paths = [("cold_load", times.disk_s)]
+        loading = [i.ready_at_s for i in insts if not i.is_draining]
+        if loading:
+            paths.append(("fork", min(loading) - now_s + times.d2d_s))
+        elif app in self.warm_apps:
+            paths.append(("remote_warm", times.net_s))
+        via, load_s = min(paths, key=lambda p: p[1])
+        return via, load_s + VERIFY_S
 
     def launch(self, app: int, role: str, pool: str, device_ids: tuple[int, ...], now_s: float,
                preloaded: bool = False) -> SimInstance:
         if preloaded:
             via, load_s = "preloaded", 0.0
         else:
-            via, load_s = self.load_path(app, device_ids)
+            via, load_s = self.load_path(app, device_ids, now_s)
         self.counters[via] += 1
+        if via in ("preloaded", "cold_load", "remote_warm"):
+            self.keep_warm(app, device_ids)  # the weights came through this host's memory and stay there
         return self.sim.launch(app, role, pool, tuple(device_ids), self.costs[app], load_s, via, now_s)
+
+    def keep_warm(self, app: int, device_ids: tuple[int, ...]) -> None:
+        for d in device_ids:
+            self.warm.add((d, app))
+        self.warm_apps.add(app)
 
     def retire(self, inst: SimInstance, now_s: float, keep_warm: bool = True) -> None:
         """Drain, then release; the weights stay warm in host memory (elastic removal) unless told otherwise."""
         if keep_warm and inst.executor is not None:
-            for d in inst.executor.device_ids:
-                self.warm.add((d, inst.app))
+            self.keep_warm(inst.app, inst.executor.device_ids)
         self.counters["drained"] += 1
         self.sim.drain(inst, now_s)
 

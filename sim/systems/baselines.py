@@ -17,7 +17,6 @@ from contracts import ModelLoadWindow
 from dispatcher.core import Algorithm
 
 from .base import ControlPlane, SystemRun, initial_features
-from .janus import window_of
 from .pools import PoolManager
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from contracts import LoadFeatures, ModelLoadWindow
 from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
 from oracle.core.oracle import ModelProfile, Oracle
-from planner.core import ElasticPolicy, ElasticScaler, PoolPolicy, SteadyPlanner, SteadyPolicy
+from planner.core import ElasticPolicy, ElasticScaler, OverflowWatch, PoolPolicy, SteadyPlanner, SteadyPolicy
 from planner.core import scale_to_budget, split_prefill_decode, unpadded_counts
 
 from ..costmodel import fast_roofline
@@ -95,6 +95,9 @@ class JanusControl(ControlPlane):
 
             oracle = RecordingOracle(oracle, run.recorder)
         self.steady = SteadyPlanner(oracle, self.steady_policy, self.pool_policy)
+        # An early steady plan needs the fast path's tick to notice the queue: Janus only, not the ablations.
+        self.overflow = OverflowWatch(self.steady_policy) if self.mode == "both" else None
+        self.num_overflow_plans = 0
         self.scaler = ElasticScaler(oracle, self.elastic_policy)
         if run.recorder is not None:
             from ..recording import RecordingPlanner
@@ -107,6 +110,7 @@ class JanusControl(ControlPlane):
             self.scaler = RecordingPlanner(self.scaler, run.recorder, "elastic")
         self.pools = PoolManager(run)
         self.elastic_models: list[str] = []
+        self.steady_models: list[str] = []
         self.latest: dict[str, ModelLoadWindow] = {}
         for app, f in enumerate(initial_features(run.scenario)):
             w = window_of(self.names[app], f, 30.0, 0.0)
@@ -126,6 +130,8 @@ class JanusControl(ControlPlane):
             self.last_request_s[window.model] = now_s
         self.steady.observe(window)
         self.scaler.observe(window)
+        if self.overflow is not None:
+            self.overflow.observe(window)
 
     # ------------------------------------------------------------------------------------------ slow path
     def _worker_order(self) -> list[str]:
@@ -137,21 +143,25 @@ class JanusControl(ControlPlane):
         busy = [d for d in rest if d in sim.executor_of_device]
         return [f"d{d}" for d in own + free + busy]
 
-    def _steady_tick(self, now_s: float, preloaded: bool = False) -> None:
+    def _steady_tick(self, now_s: float, preloaded: bool = False, trigger: str = "periodic") -> None:
         if self.mode == "elastic_only":
             self.elastic_models = list(self.names)
             return
         decision = self.steady.plan(now_s * 1e3, list(self.names), self._worker_order(),
-                                    trigger="startup" if preloaded else "periodic")
+                                    trigger="startup" if preloaded else trigger)
         plan = decision.plan
         self.plans.append(plan)
         bins = {int(b.worker_id[1:]): [self.index[m] for m in b.models] for b in plan.bins}
         self.pools.apply_steady(bins, now_s, preloaded)
         placed = set(plan.steady_models)
         self.elastic_models = [m for m in self.names if m not in placed]
+        self.steady_models = sorted(placed)
 
     # ------------------------------------------------------------------------------------------ fast path
     def _elastic_tick(self, now_s: float, preloaded: bool = False) -> None:
+        if self.overflow is not None and self.overflow.due(now_s * 1e3, self.steady_models):
+            self.num_overflow_plans += 1
+            self._steady_tick(now_s, trigger="overflow")
         decision = self.scaler.tick(now_s * 1e3, self.elastic_models, UNBOUNDED_BUDGET)
         plan = decision.plan
         self.plans.append(plan)

@@ -29,6 +29,8 @@ class PoolManager:
     pending_removal: list[SimInstance] = field(default_factory=list)
     elastic: dict[tuple[int, str], list[SimInstance]] = field(default_factory=dict)  # (app, role) -> instances
     num_blocked: int = 0  # elastic instances a plan wanted that found no device
+    elastic_apps: set[int] = field(default_factory=set)  # apps the latest elastic targets want instances of
+    awaiting_elastic: set[int] = field(default_factory=set)  # apps that left the steady pool since those targets
 
     # ------------------------------------------------------------------------------------------ steady pool
     def apply_steady(self, bins: dict[int, list[int]], now_s: float, preloaded: bool = False) -> None:
@@ -42,6 +44,7 @@ class PoolManager:
         for key in sorted(set(self.steady) - desired):
             inst = self.steady.pop(key)
             self.pending_removal.append(inst)
+            self.awaiting_elastic.add(inst.app)
         self._progress_steady(now_s, preloaded)
 
     def _progress_steady(self, now_s: float, preloaded: bool = False) -> None:
@@ -66,12 +69,18 @@ class PoolManager:
         self.pending_steady = still
         keep: list[SimInstance] = []
         for inst in self.pending_removal:
-            moving = [i for (d, a), i in self.steady.items() if a == inst.app]
-            if inst.is_ready and moving and not any(i.is_ready for i in moving):
-                keep.append(inst)  # make before break
+            if inst.is_ready and self._is_wanted(inst.app) and not self._has_other_ready(inst):
+                keep.append(inst)  # make before break: it serves (and is forked from) until another is ready
                 continue
             run.retire(inst, now_s, keep_warm=False)
         self.pending_removal = keep
+
+    def _is_wanted(self, app: int) -> bool:
+        """Still placed somewhere: moving inside the steady pool, or going to (or in) the elastic pool."""
+        return app in self.steady_apps() or app in self.awaiting_elastic or app in self.elastic_apps
+
+    def _has_other_ready(self, inst: SimInstance) -> bool:
+        return any(i is not inst and i.is_ready for i in self.run.sim.instances_by_app.get(inst.app, ()))
 
     def steady_apps(self) -> set[int]:
         return {a for (_, a) in self.steady} | {p.app for p in self.pending_steady}
@@ -90,7 +99,6 @@ class PoolManager:
         instances). Removals first; then launches while devices last: first every model that has no instance left
         (without one, each of its requests is turned away at once), then the one furthest below its count (as a
         share of it), then the busiest."""
-        self._progress_steady(now_s)
         run = self.run
         wanted: dict[tuple[int, str], int] = {}
         for app, (num_prefill, num_decode) in targets.items():
@@ -99,6 +107,9 @@ class PoolManager:
             else:
                 wanted[(app, "prefill")] = num_prefill
                 wanted[(app, "decode")] = num_decode
+        self.elastic_apps = {app for (app, _), n in wanted.items() if n > 0}
+        self.awaiting_elastic.clear()
+        self._progress_steady(now_s)
         for key in list(self.elastic):
             insts = self.elastic[key]
             surplus = len(insts) - wanted.get(key, 0)

@@ -31,6 +31,18 @@ async def wait_for(predicate, timeout_s: float = 90.0, what: str = "condition"):
         await asyncio.sleep(0.05)
 
 
+async def beat_and_load(bus, workers, worker_ids, windows, period_s: float) -> None:
+    """Every `period_s` until cancelled: a heartbeat of each scripted worker (planner_test_workers) and the load
+    windows `windows(now_ms)` returns ({model: ModelLoadWindow})."""
+    while True:
+        now = time.time() * 1000
+        for w in worker_ids:
+            await bus.publish(subjects.worker_telemetry(w), workers.heartbeat(w, now))
+        for model, load_window in windows(now).items():
+            await bus.publish(subjects.model_telemetry(model), load_window)
+        await asyncio.sleep(period_s)
+
+
 async def serve_oracle(bus, oracle) -> None:
     """Answer the oracle subjects from `oracle` (a planner_test_oracles.TableOracle)."""
     async def on_capacity(q: CapacityQuery, env):

@@ -13,6 +13,7 @@ import time
 import pytest
 from planner_bus_helpers import (
     assert_jump_in_audit,
+    beat_and_load,
     fast_planner,
     serve_oracle,
     wait_for,
@@ -82,14 +83,8 @@ async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_
 
     load = {"hot": 1.0, "calm": 0.5}
 
-    async def beat_and_load():
-        while True:
-            now = time.time() * 1000
-            for w in WORKERS:
-                await bus.publish(subjects.worker_telemetry(w), workers.heartbeat(w, now))
-            for model, rate in load.items():
-                await bus.publish(subjects.model_telemetry(model), window(model, rate, now, window_s=2.0))
-            await asyncio.sleep(0.2)
+    def windows(now: float) -> dict:
+        return {model: window(model, rate, now, window_s=2.0) for model, rate in load.items()}
 
     # -- the real services --
     cluster = ClusterConfig.model_validate({"models": [{"name": "hot"}, {"name": "calm"}], "planner": PLANNER})
@@ -103,7 +98,7 @@ async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_
         "reconciler": ReconcilerService(settings("t-reconciler"), cluster),
         "dispatcher": DispatcherService(settings("t-dispatcher"), cluster),
     }
-    tasks = [asyncio.create_task(beat_and_load())]
+    tasks = [asyncio.create_task(beat_and_load(bus, workers, WORKERS, windows, 0.2))]
     tasks += [asyncio.create_task(run_service(s, install_signals=False)) for s in services.values()]
     steady, elastic, reconciler = services["steady"], services["elastic"], services["reconciler"]
     try:

@@ -11,11 +11,13 @@ from sim.trace import Trace
 from .shared_data import needs_traces
 
 
-def _one_app_scenario(arrivals, num_devices=1):
+def _one_app_scenario(arrivals, num_devices=1, is_warm_at_start=True):
     n = len(arrivals)
     trace = Trace.build(arrivals, [0] * n, [500] * n, [50] * n, ("solo",))
-    return build_scenario(trace, device_name="nvidia-h200", num_devices=num_devices,
-                          tiers=((1.0, ("qwen2-7b",)),))
+    scenario = build_scenario(trace, device_name="nvidia-h200", num_devices=num_devices,
+                              tiers=((1.0, ("qwen2-7b",)),))
+    scenario.is_warm_at_start = is_warm_at_start
+    return scenario
 
 
 def test_light_load_meets_every_slo():
@@ -80,7 +82,8 @@ class _LaunchAtStart(ControlPlane):
 def test_requests_wait_for_a_starting_instance_only_when_the_policy_says_so(max_wait_ms):
     from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
 
-    scenario = _one_app_scenario(np.linspace(0.1, 1.0, 10))  # all arrive while the weights load from disk
+    # all arrive while the weights load from disk (the model is warm nowhere)
+    scenario = _one_app_scenario(np.linspace(0.1, 1.0, 10), is_warm_at_start=False)
     policy = DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE,
                             max_wait_for_instance_ms=max_wait_ms)
     result = SystemRun(scenario, _LaunchAtStart(), dispatch_policy=policy).run()

@@ -1,0 +1,55 @@
+"""Steady-pool overflow: a steady model whose requests queue up is planned again now, not at the next period.
+
+The steady planner runs every 30 s. A steady model whose traffic jumps between two plans (a small app's burst) is
+served by its share of a shared device until then, and its burst queues at the dispatchers and is rejected. The
+dispatchers' load windows carry their queue depth every 0.5 s; a steady model with requests queued in
+`overflow_num_windows` windows in a row asks for an early steady plan (trigger "overflow"). That plan sees the new
+load: the pool assigner sends a volatile or large model to the elastic pool, where the scaler forks it replicas
+within the next tick; otherwise refit gives it a bin with room. Plans are at least `overflow_min_interval_s` apart,
+so a fleet where everyone queues does not plan continuously."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from contracts import ModelLoadWindow
+
+from .policy import SteadyPolicy
+
+
+class OverflowWatch:
+    """Feed it every load window (`observe`); ask it every tick (`due`). Time is passed in."""
+
+    def __init__(self, policy: SteadyPolicy) -> None:
+        self.policy = policy
+        self._queued_in_a_row: dict[str, int] = {}
+        self._last_trigger_ms: float | None = None
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.policy.overflow_queue_depth > 0
+
+    def observe(self, window: ModelLoadWindow) -> None:
+        if window.queue_depth >= self.policy.overflow_queue_depth > 0:
+            self._queued_in_a_row[window.model] = self._queued_in_a_row.get(window.model, 0) + 1
+        else:
+            self._queued_in_a_row.pop(window.model, None)
+
+    def overflowing(self, steady_models: Iterable[str]) -> list[str]:
+        """The steady models whose requests queued in enough windows in a row."""
+        need = self.policy.overflow_num_windows
+        return sorted(m for m in steady_models if self._queued_in_a_row.get(m, 0) >= need)
+
+    def due(self, now_ms: float, steady_models: Iterable[str]) -> list[str]:
+        """The overflowing steady models when an early plan may run now (empty otherwise). Calling it with a
+        non-empty answer counts as a trigger: the next one waits `overflow_min_interval_s`."""
+        if not self.is_enabled:
+            return []
+        last = self._last_trigger_ms
+        if last is not None and now_ms - last < self.policy.overflow_min_interval_s * 1000.0:
+            return []
+        models = self.overflowing(steady_models)
+        if models:
+            self._last_trigger_ms = now_ms
+            for m in models:
+                self._queued_in_a_row.pop(m, None)
+        return models
