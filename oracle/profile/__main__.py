@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tpot-slo-ms", type=float, default=HarnessSettings.tpot_slo_ms)
     parser.add_argument("--clock", choices=["thread_cpu", "wall"], default=HarnessSettings.clock,
                         help="what advances a replica's clock: the engine thread's CPU time (shared machine) or wall")
+    parser.add_argument("--speed-probe", action="store_true",
+                        help="scale each grid point's clock by the machine's speed now against its quietest "
+                             "(a shared machine's drift; oracle/profile/speed.py)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixes", nargs="*", help="name:input_mean:input_cv:output_mean (default: short, chat, long)")
     args = parser.parse_args(argv)
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         mixes = tuple(LengthMix(n, float(i), float(cv), float(o))
                       for n, i, cv, o in (m.split(":") for m in args.mixes))
     settings = HarnessSettings(duration_s=args.duration_s, drain_s=args.drain_s, ttft_slo_ms=args.ttft_slo_ms,
-                               tpot_slo_ms=args.tpot_slo_ms, clock=args.clock, seed=args.seed)
+                               tpot_slo_ms=args.tpot_slo_ms, clock=args.clock, seed=args.seed,
+                               is_speed_corrected=args.speed_probe)
     started = time.perf_counter()
     profiler = Profiler(model_dir, settings, max_replicas=max(args.replicas))
     e = profiler.roofline.efficiency

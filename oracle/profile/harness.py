@@ -49,6 +49,9 @@ class HarnessSettings:
     # which leaves out time other tenants of a shared machine take from it (measured here under load: a 700-token
     # prefill 18-19 ms CPU vs 39-47 ms wall, p90 61 ms); "wall" = time.perf_counter, for a dedicated machine.
     clock: str = "thread_cpu"
+    # Scale each grid point's clock by how fast the machine runs the engine just before it, against its quietest
+    # (speed.py): takes the shared machine's drift out of the labels.
+    is_speed_corrected: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -177,9 +180,26 @@ class Profiler:
         self.shape = replace(self.shape, kv_bytes_per_element=bytes_per_param)
         uncalibrated = RooflineModel(cpu_device_for(self.shape.num_params * bytes_per_param, settings.kv_cache_bytes),
                                      self.shape, efficiency=Efficiency(max_num_seqs=settings.max_num_seqs))
-        self.calibration = measure_isolated_steps(engine, self.vocab_size, settings.timer)
+        self.probe = None
+        if settings.is_speed_corrected:
+            from .speed import SpeedProbe
+
+            self.probe = SpeedProbe(LLMEngine(self.model_dir, device="cpu", config=config), self.vocab_size,
+                                    settings.timer)
+            self.probe.calibrate()
+        self.calibration = measure_isolated_steps(engine, self.vocab_size, self._timer())
         self.roofline = RooflineModel(uncalibrated.device, self.shape,
                                       efficiency=fit_efficiency(uncalibrated, self.calibration))
+
+    def _timer(self) -> Callable[[], float]:
+        """The settings' timer, scaled by the probe's speed factor measured now (1 without a probe): differences of
+        it are step times as the quiet machine would have taken them."""
+        base = self.settings.timer
+        self.speed_factor = 1.0 if self.probe is None else self.probe.factor()
+        if self.speed_factor == 1.0:
+            return base
+        factor = self.speed_factor
+        return lambda: base() * factor
 
     def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
                               max_runs: int = 7) -> tuple[float, list[dict]]:
@@ -213,9 +233,10 @@ class Profiler:
         workload = synth_requests(point, s.duration_s, seed=s.seed * 100_003 + index,
                                   max_prompt_len=min(self.max_prompt_len, 4096), max_output_len=512)
         workload = [r for r in workload if r.prompt_len + r.output_len <= self.max_prompt_len + 1]
+        timer = self._timer()
         started = time.perf_counter()
         result = run_virtual(self.engines[: point.num_replicas], workload, self.vocab_size,
-                             end_s=s.duration_s + s.drain_s, probe=step_probe, timer=s.timer,
+                             end_s=s.duration_s + s.drain_s, probe=step_probe, timer=timer,
                              id_prefix=f"g{index}-", seed=index)
         wall_s = time.perf_counter() - started
         achieved = attainment(list(result.requests.values()), s.ttft_slo_ms, s.tpot_slo_ms)
@@ -231,7 +252,7 @@ class Profiler:
                                   ttft_attainment=achieved.ttft, tpot_attainment=achieved.tpot,
                                   num_requests=achieved.num_requests, source="profile")
         info = {"rate_rps": point.rate_rps, "mix": point.mix.name, "num_replicas": point.num_replicas,
-                "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated,
+                "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated, "speed_factor": round(self.speed_factor, 4),
                 "num_steps": sum(len(r.steps) for r in result.replicas)}
         return capacity, sample, info
 

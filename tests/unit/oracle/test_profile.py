@@ -132,3 +132,41 @@ def test_virtual_run_stops_at_its_end_and_counts_the_rest_late(engines):
     assert result.is_truncated
     assert attainment(list(result.requests.values()), 100.0, 20.0).token < 1.0
     assert not engines[0].has_unfinished()
+
+
+class RateClock:
+    """A deterministic timer whose every reading advances `rate` seconds: a step timed by two readings takes `rate`."""
+
+    def __init__(self):
+        self.now, self.rate = 0.0, 0.003
+
+    def __call__(self) -> float:
+        self.now += self.rate
+        return self.now
+
+
+def test_speed_probe_factor_is_quiet_time_over_time_now(engines):
+    from oracle.profile.speed import SpeedProbe
+
+    clock = RateClock()
+    probe = SpeedProbe(engines[0], engines[0].model_config.vocab_size, clock, prompt_len=32, repeats=3)
+    with pytest.raises(RuntimeError):
+        probe.factor()
+    assert probe.calibrate(num_samples=3) == pytest.approx(0.003)
+    assert probe.factor() == pytest.approx(1.0)
+    clock.rate = 0.006  # the machine runs the engine at half speed now
+    assert probe.factor() == pytest.approx(0.5)
+    assert not engines[0].has_unfinished()  # the probe leaves the engine empty
+
+
+def test_profiler_records_the_speed_factor_of_each_point(demo_models_dir):
+    from oracle.profile.harness import HarnessSettings, Profiler
+
+    point = GridPoint(5.0, MIX, 1)
+    plain = Profiler(demo_models_dir / "demo-tiny", HarnessSettings(duration_s=0.3, drain_s=0.1), max_replicas=1)
+    assert plain.probe is None and plain.run_point(point, 0)[2]["speed_factor"] == 1.0
+    corrected = Profiler(demo_models_dir / "demo-tiny",
+                         HarnessSettings(duration_s=0.3, drain_s=0.1, is_speed_corrected=True), max_replicas=1)
+    assert corrected.probe is not None and corrected.probe.reference_s > 0
+    factor = corrected.run_point(point, 0)[2]["speed_factor"]
+    assert 0.0 < factor <= 1.5 and factor == pytest.approx(corrected.speed_factor, abs=1e-4)
