@@ -21,7 +21,9 @@ class OverflowWatch:
 
     def __init__(self, policy: SteadyPolicy) -> None:
         self.policy = policy
-        self._queued_in_a_row: dict[str, int] = {}
+        # (model, dispatcher) -> windows in a row with requests queued: each dispatcher's windows are a series of
+        # their own (a model whose requests queue at one of two dispatchers still overflows)
+        self._queued_in_a_row: dict[tuple[str, str], int] = {}
         self._last_trigger_ms: float | None = None
 
     @property
@@ -29,15 +31,17 @@ class OverflowWatch:
         return self.policy.overflow_queue_depth > 0
 
     def observe(self, window: ModelLoadWindow) -> None:
+        key = (window.model, window.dispatcher_id)
         if window.queue_depth >= self.policy.overflow_queue_depth > 0:
-            self._queued_in_a_row[window.model] = self._queued_in_a_row.get(window.model, 0) + 1
+            self._queued_in_a_row[key] = self._queued_in_a_row.get(key, 0) + 1
         else:
-            self._queued_in_a_row.pop(window.model, None)
+            self._queued_in_a_row.pop(key, None)
 
     def overflowing(self, steady_models: Iterable[str]) -> list[str]:
         """The steady models whose requests queued in enough windows in a row."""
         need = self.policy.overflow_num_windows
-        return sorted(m for m in steady_models if self._queued_in_a_row.get(m, 0) >= need)
+        steady = set(steady_models)
+        return sorted({m for (m, _), n in self._queued_in_a_row.items() if m in steady and n >= need})
 
     def due(self, now_ms: float, steady_models: Iterable[str]) -> list[str]:
         """The overflowing steady models when an early plan may run now (empty otherwise). Calling it with a
@@ -50,6 +54,6 @@ class OverflowWatch:
         models = self.overflowing(steady_models)
         if models:
             self._last_trigger_ms = now_ms
-            for m in models:
-                self._queued_in_a_row.pop(m, None)
+            for key in [k for k in self._queued_in_a_row if k[0] in models]:
+                del self._queued_in_a_row[key]
         return models

@@ -4,8 +4,8 @@ from planner_test_oracles import window
 from planner.core import OverflowWatch, SteadyPolicy
 
 
-def _queued(model: str, depth: int, end_ms: float):
-    return window(model, 1.0, end_ms).model_copy(update={"queue_depth": depth})
+def _queued(model: str, depth: int, end_ms: float, dispatcher: str = "d0"):
+    return window(model, 1.0, end_ms).model_copy(update={"queue_depth": depth, "dispatcher_id": dispatcher})
 
 
 def test_queued_windows_in_a_row_make_a_steady_model_overflow():
@@ -42,3 +42,11 @@ def test_zero_depth_turns_the_watch_off():
     for t in range(10):
         watch.observe(_queued("a", 7, 500.0 * t))
     assert not watch.is_enabled and watch.due(10_000.0, ["a"]) == []
+
+
+def test_each_dispatchers_windows_count_on_their_own():
+    watch = OverflowWatch(SteadyPolicy(overflow_num_windows=3))
+    for i in range(3):  # two dispatchers interleave: one queues, the other does not
+        watch.observe(_queued("a", 2, 500.0 * i, dispatcher="d0"))
+        watch.observe(_queued("a", 0, 500.0 * i, dispatcher="d1"))
+    assert watch.due(1500.0, ["a"]) == ["a"]
