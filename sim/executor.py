@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from .costmodel import StepCost
+from .metrics import ON_TIME_EPS_S
 from .requests import RequestTable
 
 MAX_ROUNDS_PER_RUN = 128  # bounds the error of evaluating a run's step time at its mid-point context
@@ -280,7 +281,7 @@ class Executor:
                 inst.num_reserved -= 1
                 inst.head_done_tokens = 0
                 table.first_token_s[request] = now_s
-                if now_s <= table.arrival_s[request] + table.ttft_slo_s[request] + 1e-9:
+                if now_s <= table.arrival_s[request] + table.ttft_slo_s[request] + ON_TIME_EPS_S:
                     table.num_on_time[request] += 1
                 if inst.role == "prefill":
                     self.kv_used_bytes -= inst.kv_bytes(request)
@@ -380,7 +381,7 @@ def decode_on_time(inst: SimInstance, request: int) -> int:
         m = np.maximum(np.minimum(r_end, finish) - lo + 1, 0)
         step = segs.step_s[first:last]
         emit = segs.t0[first:last] + (lo - r0) * step
-        slack = due0 + (lo - join) * tpot - emit + 1e-9
+        slack = due0 + (lo - join) * tpot - emit + ON_TIME_EPS_S
         return int(_count_on_time(slack, tpot - step, m).sum())
     count = 0
     r0s, t0s, steps = segs.r0, segs.t0, segs.step_s
@@ -412,7 +413,7 @@ def _count_on_time(slack: np.ndarray, gain: np.ndarray, m: np.ndarray) -> np.nda
 
 def _on_time_scalar(first_emit_s: float, step_s: float, num_tokens: int, first_due_s: float, tpot_s: float) -> int:
     """Scalar twin of metrics.on_time_in_uniform_run (same rule, no numpy overhead)."""
-    slack = first_due_s - first_emit_s + 1e-9
+    slack = first_due_s - first_emit_s + ON_TIME_EPS_S
     gain = tpot_s - step_s
     if slack >= 0:
         if gain >= 0:
