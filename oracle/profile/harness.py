@@ -50,7 +50,8 @@ class HarnessSettings:
     # prefill 18-19 ms CPU vs 39-47 ms wall, p90 61 ms); "wall" = time.perf_counter, for a dedicated machine.
     clock: str = "thread_cpu"
     # Scale each grid point's clock by how fast the machine runs the engine just before it, against its quietest
-    # (speed.py): takes the shared machine's drift out of the labels.
+    # (speed.py), meant to take the shared machine's drift out of the labels. Off: measured, it did not do so
+    # reliably (docs/bench/oracle.md).
     is_speed_corrected: bool = False
     seed: int = 0
 
@@ -252,7 +253,8 @@ class Profiler:
                                   ttft_attainment=achieved.ttft, tpot_attainment=achieved.tpot,
                                   num_requests=achieved.num_requests, source="profile")
         info = {"rate_rps": point.rate_rps, "mix": point.mix.name, "num_replicas": point.num_replicas,
-                "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated, "speed_factor": round(self.speed_factor, 4),
+                "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated,
+                "speed_factor": round(self.speed_factor, 4),
                 "num_steps": sum(len(r.steps) for r in result.replicas)}
         return capacity, sample, info
 
