@@ -156,8 +156,11 @@ class CoreDispatch:
         it; built with model_construct: these are the simulator's own, already-valid values."""
         now_ms = now_s * 1e3
         last, self._statuses = self._statuses, {}  # only instances still reporting are kept
+        cores = self.cores
         for app, insts in self.sim.instances_by_app.items():
-            statuses = [self._status(i, last) for i in insts if i.role != "prefill" and i.is_ready]
+            # the roles whose backlog this core reads (a baseline reads no co-located ones: ~10 % of its run)
+            roles = ("colocated", "decode") if cores[app].reads_colocated_backlog else ("decode",)
+            statuses = [self._status(i, last) for i in insts if i.role in roles and i.is_ready]
             if statuses:
                 hb = WorkerHeartbeat.model_construct(worker_id=f"sim-{app}", seq=0, sent_unix_ms=now_ms,
                                                      instances=tuple(statuses))

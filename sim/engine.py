@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .costmodel import StepCost
-from .executor import Executor, SimInstance
+from .executor import Executor, SimInstance, score_decode_tokens
 from .requests import RequestTable
 
 # event kinds
@@ -145,6 +145,8 @@ class Sim:
                 break
         if progress is not None:
             progress(i)
+        for inst in self.instances.values():
+            score_decode_tokens(inst)  # what finished since the instance's last batch (removed ones scored theirs)
         if until_s is None:
             self._fail_unfinished()
 

@@ -100,8 +100,9 @@ class DispatcherCore:
         """A worker heartbeat: the backlogs (waiting + running sequences) of decode instances, for decode routing,
         and of co-located ones, for breaking LST-IMH's ties."""
         self._advance(now_ms)
+        roles = _DECODING_ROLES if self.reads_colocated_backlog else (InstanceRole.DECODE,)
         for status in heartbeat.instances:
-            if status.role in _DECODING_ROLES:
+            if status.role in roles:
                 self._decode.report(status.instance_id, heartbeat.sent_unix_ms, status.num_waiting + status.num_running)
         return []
 
@@ -194,14 +195,20 @@ class DispatcherCore:
                 times.append(min(job.request.arrival_ms for job in queue.values()) + max_wait_ms)
             if not is_lst_imh:
                 continue
-            ledger, lookahead_ms, now_ms = self._view.ledger, self.policy.lookahead_ms, self._now_ms
-            times.append(min((wake_ms for r in instances
-                              if (wake_ms := ledger(r.instance_id).epdt_ms - lookahead_ms) > now_ms), default=inf))
+            lookahead_ms, now_ms = self.policy.lookahead_ms, self._now_ms
+            times.append(min((wake_ms for led in self._view.prefill_ledgers(model)
+                              if (wake_ms := led.epdt_ms - lookahead_ms) > now_ms), default=inf))
             times.extend(job.hopeless_at_ms for job in queue.values() if job.is_late and job.hopeless_at_ms < inf)
         earliest_ms = min(times, default=inf)
         return None if earliest_ms == inf else earliest_ms
 
     # ------------------------------------------------------------------ views (for the shell, tests, the simulator)
+
+    @property
+    def reads_colocated_backlog(self) -> bool:
+        """Whether co-located instances' backlogs matter: only LST-IMH reads them (to break ties); the baselines
+        ignore their heartbeat lines, and a caller may leave them out."""
+        return self.policy.algorithm == Algorithm.LST_IMH
 
     def queue_depth(self, model: str) -> int:
         return len(self._queues.get(model, ()))
@@ -278,7 +285,8 @@ class DispatcherCore:
         self._inflight[request.request_id] = _InFlight(job, record.instance_id)
         decode = None
         if record.role == InstanceRole.COLOCATED:
-            self._decode.record_sent(record.instance_id, request.request_id)  # it decodes where it prefills
+            if self.reads_colocated_backlog:
+                self._decode.record_sent(record.instance_id, request.request_id)  # it decodes where it prefills
         elif record.role == InstanceRole.PREFILL:
             decode = self._decode.choose(self._view.decode_instances(request.model))
             if decode is not None:
@@ -322,15 +330,17 @@ class DispatcherCore:
     def _dispatch_lst_imh(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
     ) -> list[Effect]:
+        ledgers = self._view.prefill_ledgers(model)
         if self._view.has_colocated(model):
             # LST-IMH breaks ties between equally free instances by position: put the least decode backlog first,
             # so that a co-located model's decoding spreads over its instances instead of piling on the first one
             # (docs/dispatcher.md: on 60 co-located instances, token attainment 0.885 -> 0.9999)
             # (prefill_instances come sorted by id, and the sort is stable: ties stay in id order)
             backlog = self._decode.backlog
-            instances = sorted(instances, key=lambda r: backlog(r.instance_id))
-        ledger = self._view.ledger
-        available_ms = [max(now, ledger(r.instance_id).epdt_ms) for r in instances]  # PrefillLedger.available_ms
+            order = sorted(range(len(instances)), key=lambda i: backlog(instances[i].instance_id))
+            instances = [instances[i] for i in order]
+            ledgers = [ledgers[i] for i in order]
+        available_ms = [max(now, led.epdt_ms) for led in ledgers]  # PrefillLedger.available_ms
         if self._can_defer_round(now, queue, available_ms):
             return []
         jobs = list(queue.values())
@@ -396,9 +406,9 @@ class DispatcherCore:
         is_round_robin = self.policy.algorithm == Algorithm.ROUND_ROBIN
         if not is_round_robin:
             # least-load's key per instance, built once per round; an assignment changes only its instance's key
-            ledger = self._view.ledger
-            ledgers = [ledger(r.instance_id) for r in instances]
-            keys = [(max(now, led.epdt_ms), led.num_outstanding, r.instance_id) for led, r in zip(ledgers, instances)]
+            ledgers = self._view.prefill_ledgers(model)
+            keys = [(e if (e := led.epdt_ms) > now else now, led.num_outstanding, r.instance_id)  # max(now, EPDT)
+                    for led, r in zip(ledgers, instances)]
         for job in sorted(queue.values(), key=lambda j: (j.request.arrival_ms, j.request_id)):
             if is_round_robin:
                 cursor = self._rr_cursor.get(model, 0)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from sim.runner import SYSTEM_NAMES, ScenarioSpec, run_many
+from sim.runner import SYSTEM_NAMES, ScenarioSpec, longest_first, run_many
 from sim.scenario import build_scenario
 from sim.systems.base import ControlPlane, SystemRun
 from sim.systems.static import StaticPartition
@@ -67,6 +67,24 @@ def test_every_system_runs_the_same_small_scenario():
     # static and prism-like reserve their devices for the whole run; static's are the fleet's split
     assert by_name["prism-like"].summary.mean_active_devices == pytest.approx(96, rel=0.01)
     assert by_name["static"].summary.mean_active_devices <= 96
+
+
+def test_the_longest_systems_start_first():
+    assert longest_first(["static", "janus", "prism-like", "elastic-only"]) == [
+        "elastic-only", "janus", "prism-like", "static"]
+    assert set(longest_first(list(SYSTEM_NAMES))) == set(SYSTEM_NAMES)
+
+
+@pytest.mark.slow
+@needs_traces
+def test_parallel_results_come_back_in_the_order_asked():
+    # started longest first (janus before static) on two processes, reported as listed
+    spec = ScenarioSpec(num_apps=6, num_requests=1500, duration_s=60, window_s=5, num_devices=48)
+    results = run_many(spec, ["static", "janus"], processes=2)
+    assert [r.system for r in results] == ["static", "janus"]
+    assert all(r.summary.num_requests == results[0].summary.num_requests > 0 for r in results)
+    with pytest.raises(ValueError, match="listed twice"):
+        run_many(spec, ["static", "static"], processes=2)
 
 
 class _LaunchAtStart(ControlPlane):
