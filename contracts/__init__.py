@@ -3,6 +3,7 @@ from .base import SCHEMA_VERSION, ErrorCode, ErrorInfo, Message
 from .health import DispatcherHeartbeat, HealthReply
 from .lifecycle import (
     ForkSource,
+    HostCopy,
     InstanceRole,
     LifecycleAction,
     LifecycleCommand,

@@ -51,11 +51,27 @@ class WeightSegment(Message):
     checksum: str = ""
 
 
+class HostCopy(Message):
+    """A WARM instance's weights in its worker's pinned host memory, registered with the worker's transfer engine so
+    that a peer can pull them (a warm copy on another host)."""
+
+    base_offset_bytes: int = Field(description="where the copy starts, from the worker's transfer base (the "
+                                               "global region's address): signed, host memory may lie below it")
+    segments: tuple[WeightSegment, ...] = Field(description="byte ranges of the copy, offsets from its start, in "
+                                                            "weight-stream order, each with its checksum")
+
+
 class ForkSource(Message):
+    """Where a fork pulls the weights from: a live replica's device pages (kind "replica"), or a WARM instance's
+    registered host copy on another worker (kind "host_copy", a remote warm pull)."""
+
     worker_id: str
     instance_id: str
     transfer_session: str = Field(description="the source's Mooncake session name (host:port)")
     segments: tuple[WeightSegment, ...]
+    kind: Literal["replica", "host_copy"] = "replica"
+    base_offset_bytes: int = Field(default=0, description="added to every segment's offset (a host copy's place "
+                                                          "relative to the transfer base; 0 for a replica)")
 
 
 class LifecycleCommand(Message):
@@ -93,7 +109,7 @@ class LifecycleEvent(Message):
     from_state: ModelState
     to_state: ModelState
     reason: str = ""
-    via: Literal["", "warm_copy", "cold_load", "fork", "drain", "release"] = ""
+    via: Literal["", "warm_copy", "cold_load", "fork", "remote_warm", "drain", "release"] = ""
     duration_ms: float = Field(default=0.0, ge=0)
     timings_ms: dict[str, float] = Field(default_factory=dict)
     unix_ms: float

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import Message
-from .lifecycle import InstanceRole, ModelState, Pool, WeightSegment
+from .lifecycle import HostCopy, InstanceRole, ModelState, Pool, WeightSegment
 from .requests import GenerateRequest
 
 
@@ -68,6 +68,7 @@ class InstanceStatus(Message):
     prefill_tokens_per_s: float | None = Field(default=None, description="measured; feeds the dispatcher's EPDT")
     decode_tokens_per_s: float | None = None
     weight_segments: tuple[WeightSegment, ...] = ()
+    host_copy: HostCopy | None = Field(default=None, description="while WARM: the host copy peers may pull")
 
 
 class PageCounters(Message):

@@ -1,16 +1,17 @@
-"""What a worker's heartbeat says: its device, the page pool's counters per model, each instance's state, load and
-(while active) weight segments with checksums, and its transfer session. Built from plain readings; no I/O."""
+"""What a worker's heartbeat says: its device, the page pool's counters per model, each instance's state, load,
+weight segments with checksums (while active) or the host copy offered to peers (while warm), and its transfer
+session. Built from plain readings; no I/O."""
 from __future__ import annotations
 
 import platform
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from contracts import DeviceInfo, InstanceStatus, ModelState, PageCounters, WorkerHeartbeat
+from contracts import DeviceInfo, HostCopy, InstanceStatus, ModelState, PageCounters, WorkerHeartbeat
 
 from .lifecycle.instance import ModelInstance
 
 
-def instance_status(inst: ModelInstance) -> InstanceStatus:
+def instance_status(inst: ModelInstance, host_copy: HostCopy | None = None) -> InstanceStatus:
     st = inst.engine.stats() if inst.engine is not None else None  # bookkeeping only: safe while parked
     return InstanceStatus(
         instance_id=inst.instance_id, model=inst.model, role=inst.role, pool=inst.pool_kind, state=inst.state,
@@ -21,7 +22,9 @@ def instance_status(inst: ModelInstance) -> InstanceStatus:
         prefill_tokens_per_s=getattr(st, "prefill_tokens_per_s", None),
         decode_tokens_per_s=getattr(st, "decode_tokens_per_s", None),
         # offered to fork from only while verified and serving
-        weight_segments=inst.segments if inst.state == ModelState.ACTIVE else ())
+        weight_segments=inst.segments if inst.state == ModelState.ACTIVE else (),
+        # and a warm copy, for a peer to pull, while the instance is only warm
+        host_copy=host_copy if inst.state == ModelState.WARM else None)
 
 
 def page_counters_by_model(counters: PageCounters, instances: dict[str, ModelInstance]) -> PageCounters:
@@ -46,8 +49,12 @@ def device_info(pages: Any) -> DeviceInfo:
 
 
 def build_heartbeat(worker_id: str, seq: int, now_unix_ms: float, pages: Any, instances: dict[str, ModelInstance],
-                    transfer_session: str, is_draining: bool) -> WorkerHeartbeat:
-    statuses: Iterable[InstanceStatus] = (instance_status(i) for i in list(instances.values()))
+                    transfer_session: str, is_draining: bool,
+                    host_copies: Mapping[str, HostCopy] | None = None) -> WorkerHeartbeat:
+    """`host_copies`: the host copies offered to peers, by instance id (HostCopyOffers)."""
+    offered = host_copies or {}
+    statuses: Iterable[InstanceStatus] = (instance_status(i, offered.get(i.instance_id))
+                                          for i in list(instances.values()))
     return WorkerHeartbeat(worker_id=worker_id, seq=seq, sent_unix_ms=now_unix_ms, device=device_info(pages),
                            pages=page_counters_by_model(pages.counters(), instances), instances=tuple(statuses),
                            transfer_session=transfer_session, is_draining=is_draining)

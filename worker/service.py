@@ -442,7 +442,8 @@ class WorkerService(Service):
     def heartbeat(self) -> WorkerHeartbeat:
         self._seq += 1
         hb = build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, self.residents,
-                             self.transfer.session if self.transfer else "", self.is_stopping)
+                             self.transfer.session if self.transfer else "", self.is_stopping,
+                             self.lifecycle.host_offers.offered())
         observe_heartbeat(hb)
         return hb
 

@@ -1,9 +1,10 @@
 """The worker's Mooncake transfer engine: one per worker process, addressed by its session name "host:rpc_port".
 
-A worker registers exactly one buffer first: its device pool's global region (worker/xtensor `global_region`), so
-a peer learns the region's base with `get_first_buffer_address(session)` and then reads weight pages or writes KV
-pages at base + global offset. Offsets, never raw addresses, travel over NATS (heartbeat `transfer_session` and
-`weight_segments`, `KVTarget.block_offsets_bytes`).
+A worker registers its device pool's global region (worker/xtensor `global_region`) first, so a peer learns the
+region's base with `get_first_buffer_address(session)` and then reads weight pages or writes KV pages at base +
+global offset. Offsets, never raw addresses, travel over NATS (heartbeat `transfer_session` and `weight_segments`,
+`KVTarget.block_offsets_bytes`). A WARM instance's host copy is registered too, and offered at its signed offset
+from that base (`HostCopy.base_offset_bytes`).
 
 Calls block (the engine moves the bytes on its own threads); async callers run them with `asyncio.to_thread`.
 CPU machines use `mooncake-transfer-engine-non-cuda` over TCP; GPU hosts the CUDA build, protocol "rdma".
@@ -88,6 +89,12 @@ class MooncakeTransfer:
                 raise TransferError(f"register_memory({address:#x}, {num_bytes}) returned {rc}")
             self._registered[address] = num_bytes
 
+    @property
+    def base_address(self) -> int | None:
+        """The first buffer registered (the global region): what peers add offsets to."""
+        with self._lock:
+            return next(iter(self._registered), None)
+
     def unregister(self, address: int) -> None:
         with self._lock:
             if self._registered.pop(address, None) is not None:
@@ -127,11 +134,14 @@ class MooncakeTransfer:
             raise ValueError("local_addresses, remote_offsets and lengths must have the same length")
         if not lengths:
             return 0
-        if any(n <= 0 for n in lengths) or any(o < 0 for o in remote_offsets):
-            raise ValueError("lengths must be > 0 and offsets >= 0")
+        if any(n <= 0 for n in lengths):
+            raise ValueError("lengths must be > 0")
         base = self.remote_base(peer)
-        locals_, remotes, sizes = _split(local_addresses, [base + o for o in remote_offsets], lengths,
-                                         self.settings.max_chunk_bytes)
+        # offsets are signed: a registered host buffer (a warm copy) may lie below the global region
+        remote_addresses = [base + o for o in remote_offsets]
+        if any(a <= 0 for a in remote_addresses):
+            raise ValueError(f"an offset points below address 0 of {peer}")
+        locals_, remotes, sizes = _split(local_addresses, remote_addresses, lengths, self.settings.max_chunk_bytes)
         call = self._engine.batch_transfer_sync_read if kind == "read" else self._engine.batch_transfer_sync_write
         rc = call(peer, locals_, remotes, sizes)
         if rc != 0:

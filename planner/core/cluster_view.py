@@ -82,9 +82,12 @@ class ClusterView:
     def heartbeat(self, worker_id: str) -> WorkerHeartbeat | None:
         return self._heartbeats.get(worker_id)
 
-    def fork_source(self, model: str, alive: set[str], exclude_ids: set[str]) -> ForkSource | None:
+    def fork_source(self, model: str, alive: set[str], exclude_ids: set[str],
+                    target_worker: str = "") -> ForkSource | None:
         """The best live source to fork `model` from: a ready replica of the same model on a live worker that
-        publishes a transfer session and the replica's weight segments, least loaded first."""
+        publishes a transfer session and the replica's weight segments, least loaded first. Without one, a WARM
+        instance's host copy offered by another live worker (a remote warm pull, faster than the disk): never one on
+        `target_worker`, which would wake its own."""
         seen = self.seen(alive)
         best: tuple[int, str, ForkSource] | None = None
         for iid, rec in self._records.items():
@@ -105,7 +108,21 @@ class ClusterView:
             key = (s.load, iid)
             if best is None or key < best[:2]:
                 best = (s.load, iid, src)
-        return best[2] if best else None
+        return best[2] if best else self._host_copy_source(model, alive, exclude_ids, target_worker)
+
+    def _host_copy_source(self, model: str, alive: set[str], exclude_ids: set[str],
+                          target_worker: str) -> ForkSource | None:
+        for wid in sorted(alive - {target_worker}):
+            hb = self._heartbeats.get(wid)
+            if hb is None or not hb.transfer_session or hb.is_draining:
+                continue
+            for st in sorted(hb.instances, key=lambda st: st.instance_id):
+                if (st.model == model and st.state == ModelState.WARM and st.host_copy is not None
+                        and st.host_copy.segments and st.instance_id not in exclude_ids):
+                    return ForkSource(worker_id=wid, instance_id=st.instance_id, transfer_session=hb.transfer_session,
+                                      segments=st.host_copy.segments, kind="host_copy",
+                                      base_offset_bytes=st.host_copy.base_offset_bytes)
+        return None
 
     def stale_records(self, now_ms: float) -> list[tuple[InstanceRecord, ModelState, str]]:
         """Records that say ready but are not: the worker is dead, or a heartbeat sent after the record was

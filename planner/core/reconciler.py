@@ -275,7 +275,8 @@ class Reconciler:
                 continue  # a removal on this device goes first
             source = None
             if op is None or not op.is_fork_failed:
-                source = self.view.fork_source(slot.model, alive, exclude_ids=removing | {iid})
+                source = self.view.fork_source(slot.model, alive, exclude_ids=removing | {iid},
+                                               target_worker=slot.worker_id)
             action = LifecycleAction.FORK_FROM if source else LifecycleAction.ACTIVATE
             self._send(now_ms, slot, action, source, op, out)
 

@@ -241,14 +241,17 @@ async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(clus
     assert weights_a.numel() > 0 and torch.equal(weights_a, weights_b)
     assert [s.checksum for s in next(i for i in hb_b.instances if i.instance_id == INST_B).weight_segments]
 
-    # identical greedy output on both replicas
+    await _assert_same_greedy_output(bus, obs, (A, INST_A), (B, INST_B), max_tokens=16)
+
+
+async def _assert_same_greedy_output(bus, obs, one: tuple[str, str], other: tuple[str, str], max_tokens: int) -> None:
+    """The same greedy request on two instances ((worker, instance) each) yields the same tokens."""
     prompt = [17, 4, 99, 250, 8, 31, 77]
-    on_a, on_b = _request(prompt, max_tokens=16), _request(prompt, max_tokens=16)
-    await _run(bus, A, INST_A, on_a)
-    await _run(bus, B, INST_B, on_b)
-    tokens_a, _ = await obs.result(on_a.request_id)
-    tokens_b, _ = await obs.result(on_b.request_id)
-    assert len(tokens_a) == 16 and tokens_a == tokens_b
+    requests = [_request(prompt, max_tokens=max_tokens) for _ in range(2)]
+    for (worker, instance), req in zip((one, other), requests):
+        await _run(bus, worker, instance, req)
+    tokens = [(await obs.result(req.request_id))[0] for req in requests]
+    assert len(tokens[0]) == max_tokens and tokens[0] == tokens[1]
 
 
 def _unresolved(decode: tuple[str, str]) -> KVTarget:
@@ -390,6 +393,34 @@ async def test_lifecycle_commands_are_idempotent_over_the_bus(cluster):
     assert inst not in {s.instance_id for s in hb.instances}
     wrong = await _command(bus, A, INST_A, LifecycleAction.ACTIVATE, command_id="idem-2")
     assert wrong.ok and wrong.detail == "already active"
+
+
+async def test_a_warm_copy_offered_in_the_heartbeat_is_pulled_by_the_other_worker(cluster):
+    from planner.core.cluster_view import ClusterView
+
+    bus, obs, _ = cluster
+    await _ensure_active(bus, obs, A, INST_A)
+    warm, pulled = f"{A}/{MODEL}-warm", f"{B}/{MODEL}-pulled"
+    try:
+        reply = await _command(bus, A, warm, LifecycleAction.WARM)  # the checkpoint into A's host memory
+        assert reply.ok and reply.state == ModelState.WARM and "host copy offered" in reply.detail, reply
+        hb = await obs.heartbeat_after(A, time.time() * 1e3)
+        offer = next(s for s in hb.instances if s.instance_id == warm).host_copy
+        assert offer is not None and offer.segments and all(s.checksum for s in offer.segments)
+        # the source the reconciler's view picks from that heartbeat (no live replica known to it)
+        view = ClusterView(heartbeat_timeout_ms=60_000)
+        view.on_heartbeat(hb.sent_unix_ms, hb)
+        source = view.fork_source(MODEL, {A, B}, exclude_ids=set(), target_worker=B)
+        assert source.kind == "host_copy" and source.instance_id == warm and source.transfer_session == hb.transfer_session
+
+        reply = await _command(bus, B, pulled, LifecycleAction.FORK_FROM, fork_source=source)
+        assert reply.ok and reply.state == ModelState.ACTIVE and f"from the host copy of {warm}" in reply.detail, reply
+        events = [e for e in obs.events if e.instance_id == pulled and e.command_id == reply.command_id]
+        assert events and {e.via for e in events} == {"remote_warm"}
+        await _assert_same_greedy_output(bus, obs, (A, INST_A), (B, pulled), max_tokens=12)
+    finally:
+        for worker, inst in ((A, warm), (B, pulled)):
+            await _command(bus, worker, inst, LifecycleAction.COLD)
 
 
 async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_models_dir):

@@ -39,7 +39,7 @@ TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
 
 STEADY_STATES = frozenset({S.COLD, S.WARM, S.ACTIVE})
 
-Via = Literal["", "warm_copy", "cold_load", "fork", "drain", "release"]
+Via = Literal["", "warm_copy", "cold_load", "fork", "remote_warm", "drain", "release"]
 
 
 class IllegalTransitionError(ValueError):

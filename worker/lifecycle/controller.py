@@ -24,6 +24,7 @@ from contracts import (
 
 from ..core.lifecycle import TRANSITIONS, UP_STEPS, IllegalTransitionError, Step, Via, route
 from .fork import pull_weights
+from .host_offers import HostCopyOffers
 from .instance import ModelInstance
 from .verify import Reference, Verdict, verify
 
@@ -63,9 +64,20 @@ class LifecycleController:
         self.worker_id = worker_id
         self.host = host
         self.make_instance = make_instance
+        self.host_offers = HostCopyOffers(transfer)  # WARM host copies that peers may pull
         self.transfer = transfer
         self.drain_timeout_s = drain_timeout_s
         self.instances: dict[str, ModelInstance] = {}
+
+    @property
+    def transfer(self) -> Any | None:
+        """The worker's MooncakeTransfer (None: no transfer engine; set by the shell once it has started)."""
+        return self._transfer
+
+    @transfer.setter
+    def transfer(self, transfer: Any | None) -> None:
+        self._transfer = transfer
+        self.host_offers.transfer = transfer
 
     # ---- commands -----------------------------------------------------------------------------------------------
     async def execute(self, cmd: LifecycleCommand) -> LifecycleReply:
@@ -102,8 +114,10 @@ class LifecycleController:
         timings: dict[str, float] = {}
         notes: list[str] = []
         try:
-            plan = route(cmd.action, inst.state, has_host_copy=inst.has_host_copy,
-                         has_fork_source=cmd.fork_source is not None)
+            source = cmd.fork_source
+            # a remote host copy is no faster than this instance's own: it wakes from that instead
+            has_fork_source = source is not None and not (source.kind == "host_copy" and inst.has_host_copy)
+            plan = route(cmd.action, inst.state, has_host_copy=inst.has_host_copy, has_fork_source=has_fork_source)
             if cmd.action in (LifecycleAction.ACTIVATE, LifecycleAction.FORK_FROM) and inst.state != S.ACTIVE:
                 inst.role, inst.pool_kind = cmd.role, cmd.pool
             if plan.is_noop:
@@ -151,7 +165,7 @@ class LifecycleController:
                         notes: list[str]) -> None:
         if step == Step.CLEANUP:
             await asyncio.to_thread(self.host.stop_serving, inst)
-            timings["release_ms"] = await asyncio.to_thread(inst.release_everything)
+            timings["release_ms"] = await self._release_everything(inst)
             await self._go(inst, S.COLD, cmd, reason="cleared after a failure", via="release")
         elif step == Step.DRAIN:
             await self._go(inst, S.DRAINING, cmd, reason=f"{cmd.action.value} requested", via="drain")
@@ -163,15 +177,17 @@ class LifecycleController:
             await self._go(inst, S.ACTIVE, cmd, reason="admitting again", via="drain")
         elif step == Step.TO_WARM:
             await asyncio.to_thread(self.host.stop_serving, inst)
+            self.host_offers.withdraw(inst.instance_id)  # the snapshot rewrites (or replaces) the buffer
             copy = await asyncio.to_thread(inst.snapshot_to_host)
             timings["snapshot_ms"] = copy.copy_ms
             timings["release_ms"] = await asyncio.to_thread(inst.release_device_pages)
             notes.append(f"device -> host {_size(copy.num_bytes)} in {copy.copy_ms:.1f} ms")
+            self._offer_host_copy(inst, notes)
             await self._go(inst, S.WARM, cmd, reason="weights kept in host memory", via="release",
                            timings={"snapshot_ms": copy.copy_ms, "release_ms": timings["release_ms"]})
         elif step == Step.RELEASE:
             await asyncio.to_thread(self.host.stop_serving, inst)
-            timings["release_ms"] = await asyncio.to_thread(inst.release_everything)
+            timings["release_ms"] = await self._release_everything(inst)
             await self._go(inst, S.COLD, cmd, reason="pages and host copy released", via="release",
                            timings={"release_ms": timings["release_ms"]})
         elif step == Step.LOAD_HOST:
@@ -182,14 +198,24 @@ class LifecycleController:
                 timings.update(await asyncio.to_thread(inst.load_into_host))  # with the reference checksums
                 timings["release_ms"] = await asyncio.to_thread(inst.release_device_pages)
             except Exception as exc:  # noqa: BLE001
-                await asyncio.to_thread(inst.release_everything)
+                await self._release_everything(inst)
                 await self._go(inst, S.COLD, cmd, reason=f"load failed: {exc}")
                 raise LifecycleFailed(ErrorInfo(code=ErrorCode.INTERNAL, message=f"cold -> warm failed: {exc}",
                                                 retryable=True)) from None
+            self._offer_host_copy(inst, notes)
             await self._go(inst, S.WARM, cmd, reason="loaded into host memory", via="cold_load",
                            timings=dict(timings))
         else:
             raise ValueError(f"{step} is not a plain step")
+
+    def _offer_host_copy(self, inst: ModelInstance, notes: list[str]) -> None:
+        if self.host_offers.offer(inst) is not None:
+            notes.append("host copy offered to peers")
+
+    async def _release_everything(self, inst: ModelInstance) -> float:
+        """Cold: withdraw the host copy's offer first (no peer may read the buffer once it is freed)."""
+        self.host_offers.withdraw(inst.instance_id)
+        return await asyncio.to_thread(inst.release_everything)
 
     async def _bring_up(self, inst: ModelInstance, attempts: tuple[Step, ...], cmd: LifecycleCommand,
                         timings: dict[str, float], notes: list[str]) -> None:
@@ -205,7 +231,7 @@ class LifecycleController:
                 await asyncio.to_thread(inst.record_segments)  # what forks and later restores check against
                 timings["segments_ms"] = (time.perf_counter() - started) * 1e3
                 self.host.start_serving(inst)
-                await self._go(inst, S.ACTIVE, cmd, reason=f"verified after {step.value}", via=_VIA[step],
+                await self._go(inst, S.ACTIVE, cmd, reason=f"verified after {step.value}", via=_via(step, cmd),
                                timings={k2: v for k2, v in timings.items() if k2 in ("checksum_ms", "canary_ms")})
                 return
             notes.append(f"{step.value} failed: {why}")
@@ -223,7 +249,7 @@ class LifecycleController:
         entry = {Step.COLD_LOAD: S.LOADING, Step.WAKE: S.WAKING, Step.FORK: S.FORKING}[step]
         if inst.state != entry:
             reason = f"{cmd.action.value}" if not notes else f"fallback after: {notes[-1]}"
-            await self._go(inst, entry, cmd, reason=reason, via=_VIA[step])
+            await self._go(inst, entry, cmd, reason=reason, via=_via(step, cmd))
         try:
             reference, phase_ms = await self._fill(inst, step, cmd.fork_source, notes)
         except Exception as exc:  # noqa: BLE001 - a failed way up is a fallback, not a crash
@@ -234,11 +260,11 @@ class LifecycleController:
                 await asyncio.to_thread(inst.release_device_pages)
                 await self._go(inst, S.WARM, cmd, reason=f"wake failed: {exc}")
             elif step == Step.COLD_LOAD:
-                await asyncio.to_thread(inst.release_everything)
+                await self._release_everything(inst)
                 await self._go(inst, S.COLD, cmd, reason=f"cold load failed: {exc}")
             return str(exc)
         timings.update(phase_ms)
-        await self._go(inst, S.VERIFYING, cmd, reason=f"{step.value} done", via=_VIA[step], timings=phase_ms)
+        await self._go(inst, S.VERIFYING, cmd, reason=f"{step.value} done", via=_via(step, cmd), timings=phase_ms)
         verdict: Verdict = await asyncio.to_thread(verify, inst.engine, reference)
         timings.update(verdict.timings_ms)
         if verdict.is_ok:
@@ -269,7 +295,8 @@ class LifecycleController:
             exc.timings = phase  # type: ignore[attr-defined]
             raise
         phase["pull_ms"] = pulled.pull_ms
-        notes.append(f"pulled {_size(pulled.num_bytes)} from {source.instance_id} in {pulled.pull_ms:.1f} ms "
+        origin = f"the host copy of {source.instance_id}" if source.kind == "host_copy" else source.instance_id
+        notes.append(f"pulled {_size(pulled.num_bytes)} from {origin} in {pulled.pull_ms:.1f} ms "
                      f"({pulled.gbps:.2f} GB/s, {pulled.num_pieces} pieces)")
         return Reference.of_segments(source.segments), phase
 
@@ -280,6 +307,13 @@ class LifecycleController:
 
 
 _VIA: dict[Step, Via] = {Step.COLD_LOAD: "cold_load", Step.WAKE: "warm_copy", Step.FORK: "fork"}
+
+
+def _via(step: Step, cmd: LifecycleCommand) -> Via:
+    """How the weights came: a fork from a peer's host copy is a remote warm pull."""
+    if step == Step.FORK and cmd.fork_source is not None and cmd.fork_source.kind == "host_copy":
+        return "remote_warm"
+    return _VIA[step]
 
 
 def _size(num_bytes: int) -> str:

@@ -1,6 +1,7 @@
 """Fork: fill a prepared weight region with a live replica's weight pages, read by global offset through the
 transfer engine. The source does nothing: its transfer engine serves the reads on its own threads while its engine
-keeps stepping.
+keeps stepping. The source may also be a WARM instance's registered host copy on another worker (a remote warm
+pull): the same reads, at the copy's offset from that worker's transfer base.
 """
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ def pull_weights(pages: Any, owner: str, source: ForkSource, transfer: Any | Non
     if not source.segments:
         raise ForkError(f"the fork source {source.instance_id} lists no weight segments")
     local = pages.weight_segments(owner)
-    remote = [(s.global_offset_bytes, s.num_bytes) for s in source.segments]
+    remote = [(source.base_offset_bytes + s.global_offset_bytes, s.num_bytes) for s in source.segments]
     try:
         pieces = pair_segments(local, remote)
     except ValueError as exc:
         raise ForkError(str(exc)) from None
     started = time.perf_counter()
     is_local = transfer is None or source.transfer_session == transfer.session
+    if is_local and source.kind == "host_copy":
+        raise ForkError(f"the host copy of {source.instance_id} is on this worker: wake that instance instead")
     if is_local:
         if transfer is None and source.transfer_session:
             raise ForkError(f"no transfer engine here to reach {source.transfer_session}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contracts import (
     DeviceInfo,
+    HostCopy,
     InstanceRecord,
     InstanceRole,
     InstanceStatus,
@@ -28,11 +29,11 @@ class ScriptedWorkers:
         self.received: list[LifecycleCommand] = []
 
     def put(self, model: str, worker_id: str, role: InstanceRole, pool: Pool, state: ModelState,
-            load: int = 0, instance_id: str | None = None) -> str:
+            load: int = 0, instance_id: str | None = None, host_copy: HostCopy | None = None) -> str:
         iid = instance_id or f"{model}@{worker_id}/{role.value}"
         self.instances[worker_id][iid] = InstanceStatus(
             instance_id=iid, model=model, role=role, pool=pool, state=state, num_running=load,
-            weight_segments=(WeightSegment(global_offset_bytes=0, num_bytes=4096),),
+            weight_segments=(WeightSegment(global_offset_bytes=0, num_bytes=4096),), host_copy=host_copy,
         )
         return iid
 

@@ -7,12 +7,14 @@ from contracts import (
     BinAssignment,
     ElasticPlan,
     ElasticTarget,
+    HostCopy,
     InstanceRole,
     LifecycleAction,
     ModelState,
     NeedVector,
     Pool,
     SteadyPlan,
+    WeightSegment,
 )
 from planner.core.policy import ReconcilerPolicy
 from planner.core.reconciler import Reconciler
@@ -117,6 +119,44 @@ def test_activate_when_no_source_and_prefer_a_warm_device():
     eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (1, 0)}))
     (cmd,) = eff.commands
     assert cmd.worker_id == "w2" and cmd.action == LifecycleAction.ACTIVATE and cmd.fork_source is None
+
+
+def _host_copy(offset: int) -> HostCopy:
+    return HostCopy(base_offset_bytes=offset, segments=(WeightSegment(global_offset_bytes=0, num_bytes=4096,
+                                                                      checksum="w64:" + "1" * 32),))
+
+
+def test_without_a_replica_the_other_devices_pull_a_warm_copy_from_its_host():
+    rec, workers = boot(["w0", "w1", "w2"])
+    warm = workers.put("m", "w1", InstanceRole.COLOCATED, Pool.ELASTIC, ModelState.WARM,
+                       host_copy=_host_copy(-(1 << 30)))
+    heartbeats(rec, workers, 0.0)
+    eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (2, 0)}))
+    by_worker = {c.worker_id: c for c in eff.commands}
+    assert len(by_worker) == 2 and by_worker["w1"].action == LifecycleAction.ACTIVATE  # wakes its own copy
+    (other,) = [c for w, c in by_worker.items() if w != "w1"]
+    assert other.action == LifecycleAction.FORK_FROM
+    src = other.fork_source
+    assert (src.kind, src.worker_id, src.instance_id, src.transfer_session) == ("host_copy", "w1", warm, "w1:7000")
+    assert src.base_offset_bytes == -(1 << 30) and src.segments == _host_copy(0).segments
+    assert by_worker["w1"].fork_source is None
+
+
+def test_a_live_replica_is_preferred_to_a_warm_copy_and_a_draining_host_offers_none():
+    rec, workers = boot(["w0", "w1", "w2"])
+    workers.put("m", "w1", InstanceRole.COLOCATED, Pool.ELASTIC, ModelState.WARM, host_copy=_host_copy(4096))
+    live = workers.put("m", "w2", InstanceRole.COLOCATED, Pool.ELASTIC, ModelState.ACTIVE)
+    heartbeats(rec, workers, 0.0)
+    rec.on_record(0.0, workers.record(live, 0.0))
+    alive = rec.view.alive_workers(0.0)
+    source = rec.view.fork_source("m", alive, exclude_ids=set(), target_worker="w0")
+    assert source.kind == "replica" and source.instance_id == live
+    # without the replica: the warm copy, unless it is on the target itself or its worker drains
+    assert rec.view.fork_source("m", alive, exclude_ids={live}, target_worker="w0").kind == "host_copy"
+    assert rec.view.fork_source("m", alive, exclude_ids={live}, target_worker="w1") is None
+    draining = workers.heartbeat("w1", 10.0).model_copy(update={"is_draining": True})
+    rec.observe_heartbeat(10.0, draining)
+    assert rec.view.fork_source("m", alive, exclude_ids={live}, target_worker="w0") is None
 
 
 def test_failure_is_retried_then_reported_and_cooled_down():
