@@ -86,8 +86,8 @@ class CachedOracle:
         predictions = []
         for item, _, fkey in keyed:
             got = [answers[(fkey, m)] for m in item.replicas]
+            means, stds, bounds, versions, sources = zip(*got) if got else ((),) * 5  # one transpose
             predictions.append(ElasticityPrediction.model_construct(
-                model=item.model, replicas=tuple(item.replicas), attainment_mean=tuple(g[0] for g in got),
-                attainment_std=tuple(g[1] for g in got), attainment_bound=tuple(g[2] for g in got),
-                model_version=got[0][3] if got else "", source=got[0][4] if got else ""))
+                model=item.model, replicas=tuple(item.replicas), attainment_mean=means, attainment_std=stds,
+                attainment_bound=bounds, model_version=versions[0] if got else "", source=sources[0] if got else ""))
         return ElasticityReply.model_construct(predictions=tuple(predictions))

@@ -27,11 +27,20 @@ class DecodeBacklog:
         backlog = self._backlog.get
         best: InstanceRecord | None = None
         best_num = 0
+        # the key (num, num / max_num_seqs, id) compared piece by piece, without building it per candidate: every
+        # P/D assignment runs this over all of a model's decode instances (5 % of a simulated Janus run)
         for record in candidates:
             num = backlog(record.instance_id, 0)
-            if best is None or num < best_num or (num == best_num and (
-                    (num / record.max_num_seqs, record.instance_id) < (num / best.max_num_seqs, best.instance_id))):
+            if best is None or num < best_num:
                 best, best_num = record, num
+            elif num == best_num:
+                if num == 0:  # every share is 0: the id decides
+                    if record.instance_id < best.instance_id:
+                        best = record
+                    continue
+                share, best_share = num / record.max_num_seqs, num / best.max_num_seqs
+                if share < best_share or (share == best_share and record.instance_id < best.instance_id):
+                    best = record
         return best
 
     def record_sent(self, instance_id: str, request_id: str) -> None:

@@ -63,3 +63,19 @@ def test_choose_takes_the_least_backlog_then_the_emptier_share_then_the_id():
     assert b.choose([small, big]).instance_id == "a"  # 4 > 3
     assert b.choose([_record("c"), _record("a")]).instance_id == "c"  # c has no backlog at all
     assert b.choose([]) is None
+
+
+def test_choose_is_the_minimum_of_its_documented_key():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        b = DecodeBacklog()
+        records = [_record(f"d{rng.randrange(40):02d}-{k}", max_num_seqs=rng.choice([4, 8, 16]))
+                   for k in range(rng.randrange(1, 12))]
+        rng.shuffle(records)
+        for r in records:
+            b.report(r.instance_id, 0.0, rng.choice([0, 0, 1, 2, 4, 8]))
+        expected = min(records, key=lambda r: (b.backlog(r.instance_id),
+                                               b.backlog(r.instance_id) / r.max_num_seqs, r.instance_id))
+        assert b.choose(records) is expected
