@@ -101,6 +101,10 @@ class ReconcilerPolicy(_Policy):
     failure_cooldown_ms: float = Field(default=30_000.0, ge=0, description="no new try of a failed placement")
     steady_removal_action: str = Field(default="cold", pattern="^(warm|cold)$")
     elastic_removal_action: str = Field(default="warm", pattern="^(warm|cold)$")
+    is_one_load_per_model: bool = Field(default=True, description=(
+        "a model with no ready replica loads one at a time (from disk or a peer's warm copy); its other replicas "
+        "wait and fork from the first once it is ready, as the simulator's lifecycle does (a device that holds "
+        "the model warm itself still wakes at once)"))
 
 
 class PlannerPolicy(_Policy):

@@ -5,7 +5,9 @@ outcome as a `contracts.PlanAction` (never dropped in silence).
 
 Level-triggered: every input (plan, heartbeat, record, reply, tick) re-runs the same comparison, so a lost message
 only delays convergence. Order on a device: removals first (the new model needs the room), except that the last
-ready replica of a model that is only moving stays up until its replacement is ready (make before break)."""
+ready replica of a model that is only moving stays up until its replacement is ready (make before break). A model
+with no ready replica is loaded once (from disk or a peer's warm copy); its other replicas fork from that one when
+it is ready (`ReconcilerPolicy.is_one_load_per_model`)."""
 from __future__ import annotations
 
 from contracts import (
@@ -259,6 +261,9 @@ class Reconciler:
 
     def _issue_ups(self, now_ms, alive, desired, resident, rooms, blocked, out) -> None:
         removing = {iid for iid, op in self._ops.items() if not op.is_up}
+        # models being brought up (an up in flight): without a ready replica, their other replicas wait for it
+        loading = {op.model for op in self._ops.values() if op.is_up and op.phase != "backoff"}
+        seen = self.view.seen(alive)
         for iid, slot in sorted(desired.items()):
             if self.view.is_ready(iid, alive):
                 continue
@@ -277,6 +282,12 @@ class Reconciler:
             if op is None or not op.is_fork_failed:
                 source = self.view.fork_source(slot.model, alive, exclude_ids=removing | {iid},
                                                target_worker=slot.worker_id)
+            has_replica = source is not None and source.kind == "replica"
+            is_warm_here = iid in seen and seen[iid].status.state == ModelState.WARM
+            if not has_replica and not is_warm_here:
+                if self.policy.is_one_load_per_model and slot.model in loading:
+                    continue  # one load per model: this replica forks from the first once that one is ready
+                loading.add(slot.model)
             action = LifecycleAction.FORK_FROM if source else LifecycleAction.ACTIVATE
             self._send(now_ms, slot, action, source, op, out)
 

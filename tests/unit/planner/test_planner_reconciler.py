@@ -67,6 +67,16 @@ def run_commands(rec, workers, commands, now, fail: set[str] = frozenset()):
     return out
 
 
+def converge(rec, workers, commands, now):
+    """Run the commands, then whatever the reconciler sends in answer, until it sends nothing more."""
+    out = []
+    while commands:
+        effects = run_commands(rec, workers, commands, now)
+        out += effects
+        commands = [c for e in effects for c in e.commands]
+    return out
+
+
 def statuses(effects) -> list[tuple[str, str]]:
     return [(s.plan_id, s.status) for e in effects for s in e.plan_statuses]
 
@@ -119,6 +129,34 @@ def test_activate_when_no_source_and_prefer_a_warm_device():
     eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (1, 0)}))
     (cmd,) = eff.commands
     assert cmd.worker_id == "w2" and cmd.action == LifecycleAction.ACTIVATE and cmd.fork_source is None
+
+
+def test_a_model_without_a_replica_loads_once_and_forks_the_rest_from_it():
+    rec, workers = boot(["w0", "w1", "w2", "w3"])
+    workers.put("m", "w3", InstanceRole.COLOCATED, Pool.ELASTIC, ModelState.WARM)
+    heartbeats(rec, workers, 0.0)
+    eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (3, 0)}))
+    # one load from disk, and the device that holds m warm wakes it; nothing else yet
+    assert sorted((c.worker_id, c.action) for c in eff.commands) == [
+        ("w0", LifecycleAction.ACTIVATE), ("w3", LifecycleAction.ACTIVATE)]
+    assert rec.on_tick(1.0).commands == (), "the third waits for a replica to fork from"
+    first = next(c for c in eff.commands if c.worker_id == "w0")
+    run_commands(rec, workers, [first], 10.0)
+    heartbeats(rec, workers, 11.0)  # the first is ready and its heartbeat offers its segments
+    (fork,) = rec.on_tick(12.0).commands
+    assert fork.action == LifecycleAction.FORK_FROM and fork.fork_source.instance_id == first.instance_id
+    assert fork.fork_source.kind == "replica" and fork.worker_id in ("w1", "w2")
+    converge(rec, workers, [fork, *(c for c in eff.commands if c is not first)], 20.0)
+    heartbeats(rec, workers, 30.0)
+    assert rec.is_done("e1")
+
+
+def test_every_replica_loads_at_once_when_the_policy_says_so():
+    rec = Reconciler(POLICY.model_copy(update={"is_one_load_per_model": False}))
+    workers = ScriptedWorkers(["w0", "w1", "w2"])
+    heartbeats(rec, workers, 0.0)
+    eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (3, 0)}))
+    assert [c.action for c in eff.commands] == [LifecycleAction.ACTIVATE] * 3
 
 
 def _host_copy(offset: int) -> HostCopy:
@@ -229,7 +267,7 @@ def test_failed_fork_falls_back_to_activate():
 def test_scale_down_warms_the_extra_instances_and_stops_routing_at_once():
     rec, workers = boot(["w0", "w1", "w2"])
     eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (3, 0)}))
-    run_commands(rec, workers, eff.commands, 10.0)
+    converge(rec, workers, eff.commands, 10.0)
     heartbeats(rec, workers, 20.0)
     assert rec.is_done("e1")
     eff = rec.on_elastic_plan(500.0, elastic("e2", {"m": (1, 0)}))
@@ -318,7 +356,7 @@ def test_not_enough_free_devices_is_reported():
     rec, workers = boot(["w0", "w1", "w2"])
     rec.on_steady_plan(0.0, steady("s1", {"w0": ("a",)}))
     eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (2, 1)}))
-    assert len(eff.commands) == 2
+    assert len(eff.commands) == 1  # m's first instance; the other forks from it once it is ready
     blocked = [s for s in eff.plan_statuses if s.status == "blocked"]
     assert blocked and "no free device" in blocked[0].detail
 
