@@ -10,22 +10,35 @@ falls back to a cold load.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections import deque
+from typing import Any, Callable
 
 from contracts import HostCopy, WeightSegment
 
+from .host_copy import HostWeights
 from .instance import ModelInstance
 
 log = logging.getLogger("janus.worker.lifecycle")
+
+# A withdrawn copy's memory outlives its offer by this long: a peer's read already under way when the copy was
+# unregistered must not land on memory handed back to the system (a large buffer is unmapped when freed). A pull
+# is given up after the command deadline (60 s by default), so a read is over by then.
+RETIRE_GRACE_S = 60.0
 
 
 class HostCopyOffers:
     """The host copies this worker offers, by instance id. `transfer` is the worker's MooncakeTransfer (None: no
     transfer engine here, nothing is offered)."""
 
-    def __init__(self, transfer: Any | None) -> None:
+    def __init__(self, transfer: Any | None, *, clock: Callable[[], float] = time.monotonic,
+                 retire_grace_s: float = RETIRE_GRACE_S) -> None:
         self.transfer = transfer
-        self._offers: dict[str, tuple[int, HostCopy]] = {}  # instance id -> (registered address, what peers see)
+        self._clock = clock
+        self._retire_grace_s = retire_grace_s
+        # instance id -> (registered address, what peers see, the buffer)
+        self._offers: dict[str, tuple[int, HostCopy, HostWeights]] = {}
+        self._retired: deque[tuple[float, HostWeights]] = deque()  # withdrawn buffers kept alive until the grace
 
     def offer(self, inst: ModelInstance) -> HostCopy | None:
         """Register the instance's host copy and describe it for the heartbeat: its byte ranges with the reference
@@ -47,15 +60,34 @@ class HostCopyOffers:
             segments.append(WeightSegment(global_offset_bytes=position, num_bytes=num_bytes, checksum=checksum))
             position += num_bytes
         copy = HostCopy(base_offset_bytes=host.data_ptr - base, segments=tuple(segments))
-        self._offers[inst.instance_id] = (host.data_ptr, copy)
+        self._offers[inst.instance_id] = (host.data_ptr, copy, host)
         return copy
 
     def withdraw(self, instance_id: str) -> None:
-        """Stop offering the instance's host copy (before it is rewritten or freed)."""
+        """Stop offering the instance's host copy (before it is rewritten or freed); its memory is kept for the
+        grace period in case a read is under way."""
+        now = self._purge()
         offer = self._offers.pop(instance_id, None)
-        if offer is not None and self.transfer is not None:
+        if offer is None:
+            return
+        if self.transfer is not None:
             self.transfer.unregister(offer[0])
+        self._retired.append((now, offer[2]))
+
+    def _purge(self) -> float:
+        """Let go of withdrawn buffers past their grace; returns the time now."""
+        now = self._clock()
+        while self._retired and now - self._retired[0][0] >= self._retire_grace_s:
+            self._retired.popleft()
+        return now
+
+    @property
+    def num_retired(self) -> int:
+        """Withdrawn copies whose memory is still held (for tests and the status page)."""
+        return len(self._retired)
 
     def offered(self) -> dict[str, HostCopy]:
-        """What the heartbeat advertises: instance id -> its host copy."""
-        return {instance_id: copy for instance_id, (_, copy) in self._offers.items()}
+        """What the heartbeat advertises: instance id -> its host copy. (Each heartbeat also lets go of withdrawn
+        buffers past their grace.)"""
+        self._purge()
+        return {instance_id: copy for instance_id, (_, copy, _) in self._offers.items()}

@@ -11,6 +11,7 @@ from contracts import LifecycleAction, ModelState
 from lifecycle_fixtures import greedy_tokens
 from planner.core.cluster_view import ClusterView
 from worker.heartbeat import build_heartbeat
+from worker.lifecycle.host_offers import HostCopyOffers
 
 A = LifecycleAction
 S = ModelState
@@ -67,14 +68,22 @@ async def test_a_warm_copy_on_another_worker_is_pulled_instead_of_read_from_disk
 
 async def test_a_released_copy_is_withdrawn_and_a_late_pull_falls_back_to_the_disk(make_worker):
     src, dst = make_worker("src"), make_worker("dst")
+    clock = [0.0]
+    offers = src.controller.host_offers = HostCopyOffers(src.transfer, clock=lambda: clock[0])
     await src.run("a", A.ACTIVATE)
     await src.run("a", A.WARM)
     source = _source_from_heartbeat(src, "dst")
-    assert source is not None and len(src.controller.host_offers.offered()) == 1
+    assert source is not None and len(offers.offered()) == 1
 
     reply = await src.run("a", A.COLD)
     assert reply.ok and reply.state == S.COLD
-    assert src.controller.host_offers.offered() == {} and _source_from_heartbeat(src, "dst") is None
+    assert offers.offered() == {} and _source_from_heartbeat(src, "dst") is None
+    # the instance let go of its copy; the offers keep its memory a while, for a read already under way
+    assert src.controller.instances.get("a") is None and offers.num_retired == 1
+    clock[0] += 30.0
+    assert offers.offered() == {} and offers.num_retired == 1
+    clock[0] += 31.0
+    assert offers.offered() == {} and offers.num_retired == 0
 
     # a pull with the stale source (sent before the release) reads nothing freed: it fails and loads from disk
     reply = await dst.run("b", A.FORK_FROM, fork_source=source)
