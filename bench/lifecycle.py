@@ -12,7 +12,8 @@ fork: a source process holds the weight pages in its own pool and transfer engin
       global offset into fresh pool pages (the fork code path), against a raw Mooncake read of the same byte ranges
       into a plain buffer. Then the source's decode step time (TPOT) alone and while being forked from.
 paths: one demo model brought up through the lifecycle controller, verification included: cold load (disk ->
-      device pages) as the baseline, warm -> active, and a fork from a replica in a second pool.
+      device pages) as the baseline, warm -> active, a fork from a replica in a second pool, and a remote warm pull
+      (a second pool's cold target pulls the first pool's offered host copy).
 pd:   nats-server and two worker processes; the same greedy request colocated on one instance and split P -> D.
       The gap between the first and second token is one decode step colocated, and hand-over + one decode step
       split: the difference is the hand-over time per request.
@@ -262,8 +263,9 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
         te.register(pages.global_region.base_address, pages.global_region.num_bytes)
 
         def make(cmd, pages=pages, name=name):
-            build = lambda p, owner: LLMEngine(p, device=device, config=EngineConfig(max_num_seqs=8),  # noqa: E731
-                                               kv_source=pages, weight_source=pages, owner=owner)
+            build = lambda p, owner, load_weights=True: LLMEngine(  # noqa: E731
+                p, device=device, config=EngineConfig(max_num_seqs=8), kv_source=pages, weight_source=pages,
+                owner=owner, load_weights=load_weights)
             return ModelInstance(name, cmd.model, cmd.instance_id, cmd.role, cmd.pool, path, pages, build)
 
         workers.append((LifecycleController(name, _NullHost(), make, te), pages, te))
@@ -278,7 +280,7 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
             raise RuntimeError(reply.detail)
         return reply
 
-    timings: dict[str, list[dict]] = {"cold": [], "warm": [], "fork": [], "fork_cold": []}
+    timings: dict[str, list[dict]] = {"cold": [], "warm": [], "fork": [], "fork_cold": [], "remote_warm": []}
     num_bytes = 0
     try:
         a, b = workers
@@ -293,10 +295,18 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
             await run(b, "y", LifecycleAction.WARM)  # the target has its engine; the fork replaces the bytes
             timings["fork"].append((await run(b, "y", LifecycleAction.FORK_FROM, fork_source=source)).timings_ms)
             await run(b, "y", LifecycleAction.COLD)
-            # a cold target has no engine yet: LLMEngine cannot be built without reading the checkpoint (build_ms)
+            # a cold target builds its engine without reading the checkpoint (build_ms), then pulls
             timings["fork_cold"].append((await run(b, "z", LifecycleAction.FORK_FROM,
                                                    fork_source=source)).timings_ms)
             await run(b, "z", LifecycleAction.COLD)
+            # a remote warm pull: x only warm on a, its host copy offered; a cold target on b pulls it
+            await run(a, "x", LifecycleAction.WARM)
+            offer = a[0].host_offers.offered()["x"]
+            remote = ForkSource(worker_id="a", instance_id="x", transfer_session=a[2].session,
+                                segments=offer.segments, kind="host_copy", base_offset_bytes=offer.base_offset_bytes)
+            timings["remote_warm"].append((await run(b, "r", LifecycleAction.FORK_FROM,
+                                                     fork_source=remote)).timings_ms)
+            await run(b, "r", LifecycleAction.COLD)
             await run(a, "x", LifecycleAction.COLD)
     finally:
         for _, pages, te in workers:
@@ -314,6 +324,7 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
     warm = total("warm", ("map_ms", "copy_ms", *verify))
     fork = total("fork", ("prepare_ms", "pull_ms", *verify))
     fork_cold = total("fork_cold", ("build_ms", "prepare_ms", "pull_ms", *verify))
+    remote_warm = total("remote_warm", ("build_ms", "prepare_ms", "pull_ms", *verify))
     return [["cold load: disk -> device pages (baseline)", num_bytes // MiB, f"load {med('cold', 'load_ms'):.1f}",
              sum(med("cold", k) for k in verify), cold, 1.0],
             ["warm -> active: map + host copy", num_bytes // MiB,
@@ -322,10 +333,13 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
             ["fork from a live replica onto a warm target", num_bytes // MiB,
              f"prepare {med('fork', 'prepare_ms'):.1f} + pull {med('fork', 'pull_ms'):.1f}",
              sum(med("fork", k) for k in verify), fork, cold / fork],
-            ["fork onto a cold target (engine built from disk first)", num_bytes // MiB,
+            ["fork onto a cold target (engine built without the checkpoint)", num_bytes // MiB,
              f"build {med('fork_cold', 'build_ms'):.1f} + prepare {med('fork_cold', 'prepare_ms'):.1f} + pull "
              f"{med('fork_cold', 'pull_ms'):.1f}", sum(med("fork_cold", k) for k in verify), fork_cold,
-             cold / fork_cold]]
+             cold / fork_cold],
+            ["remote warm pull: a peer's host copy onto a cold target", num_bytes // MiB,
+             f"build {med('remote_warm', 'build_ms'):.1f} + pull {med('remote_warm', 'pull_ms'):.1f}",
+             sum(med("remote_warm", k) for k in verify), remote_warm, cold / remote_warm]]
 
 
 # ---- P/D hand-over -----------------------------------------------------------------------------------------------
