@@ -39,7 +39,11 @@ class RunAssignment(Message):
 
 
 class PrefillDone(Message):
-    """A prefill finished (or failed before its first token): the dispatcher corrects the instance's EPDT."""
+    """A prefill finished (or failed before its first token): the dispatcher corrects the instance's EPDT.
+
+    P/D: once the decode instance has taken the request over, the prefill worker sends it again with
+    `handed_over_to_instance_id` set (a hand-over notice, not a second prefill): from then on that instance streams
+    the request, and its death, not the prefill instance's, is what would break the stream."""
 
     request_id: str
     model: str
@@ -49,6 +53,7 @@ class PrefillDone(Message):
     prefill_ms: float = Field(ge=0)
     first_token_unix_ms: float
     ok: bool = True
+    handed_over_to_instance_id: str = ""
 
 
 class InstanceStatus(Message):

@@ -40,6 +40,7 @@ from .core.core import DispatcherCore
 from .core.effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
+from .core.streaming import StreamingBook
 from .metrics import ASSIGNED, QUEUE_DEPTH, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
 
 log = logging.getLogger("janus.dispatcher")
@@ -67,8 +68,8 @@ class DispatcherService(Service):
                                    dispatcher_id=settings.instance)
         self.models = {m.name for m in cluster.models}
         self._requests: dict[str, GenerateRequest] = {}
-        # past the first token: request -> (instance, reply subject, arrival); failed by us if the instance dies
-        self._streaming: dict[str, tuple[str, GenerateRequest]] = {}
+        # past the first token, by the instance streaming each: failed by us if that instance dies
+        self._streaming = StreamingBook()
         self._records: dict[str, InstanceRecord] = {}
         self._workers = PeerLiveness(timeout_s=WORKER_TIMEOUT_S, check_period_s=TIMER_PERIOD_S)
         self._dead_workers: set[str] = set()
@@ -119,18 +120,22 @@ class DispatcherService(Service):
                          dispatcher_id=self.instance)
 
     async def _on_prefill_done(self, done: PrefillDone, env: Envelope) -> None:
+        if done.handed_over_to_instance_id:
+            # a P/D hand-over notice: the decode instance streams it now (the prefill itself was reported before)
+            self._streaming.handed_over(done.request_id, done.handed_over_to_instance_id)
+            return
         req = self._requests.get(done.request_id)
         effects = self.core.on_prefill_done(now_ms(), done.instance_id, done.request_id, ok=done.ok,
                                             first_token_ms=done.first_token_unix_ms)
         if done.ok and req is not None:
             self._requests.pop(done.request_id, None)
-            self._streaming[done.request_id] = (done.instance_id, req)
+            self._streaming.started(req, done.instance_id)
         await self._apply(effects)
         self._kick.set()
 
     async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
         self._requests.pop(cancel.request_id, None)
-        self._streaming.pop(cancel.request_id, None)
+        self._streaming.forget(cancel.request_id)
         await self._apply(self.core.on_cancel(now_ms(), cancel.request_id))
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
@@ -206,17 +211,13 @@ class DispatcherService(Service):
 
     async def _fail_streaming(self, instance_ids: set[str]) -> None:
         """Requests past their first token cannot move: their clients get a clear error."""
-        for request_id, (instance_id, req) in list(self._streaming.items()):
-            if instance_id in instance_ids:
-                self._streaming.pop(request_id, None)
-                err = ErrorInfo(code=ErrorCode.INSTANCE_FAILED, retryable=False,
-                                message=f"instance {instance_id} died after streaming had begun")
-                await self.bus.publish(req.reply_subject, RequestFailed(request_id=request_id, seq=0, error=err),
-                                       propagate=False)
-        horizon_ms = now_ms() - self.cluster.gateway.request_timeout_s * 1000.0
-        for request_id, (_, req) in list(self._streaming.items()):
-            if req.arrival_unix_ms < horizon_ms:  # the gateway has given up on it by now
-                self._streaming.pop(request_id, None)
+        for req, instance_id in self._streaming.lost(instance_ids):
+            err = ErrorInfo(code=ErrorCode.INSTANCE_FAILED, retryable=False,
+                            message=f"instance {instance_id} died after streaming had begun")
+            await self.bus.publish(req.reply_subject, RequestFailed(request_id=req.request_id, seq=0, error=err),
+                                   propagate=False)
+        # the gateway has given up on requests this old by now
+        self._streaming.expire(now_ms() - self.cluster.gateway.request_timeout_s * 1000.0)
 
     # --- outputs ---
     async def _apply(self, effects: list[Effect]) -> None:

@@ -49,8 +49,9 @@ class SimInstance:
     running decode batch and the step segments its tokens were emitted in."""
 
     __slots__ = ("instance_id", "app", "role", "pool", "cost", "executor", "table", "waiting", "head_done_tokens",
-                 "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready", "num_in_flight", "seq", "max_num_batched_tokens",
-                 "worker_id", "created_s", "ready_at_s", "done_unscored")
+                 "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready",
+                 "num_in_flight", "seq", "max_num_batched_tokens", "worker_id", "created_s", "ready_at_s",
+                 "done_unscored")
 
     def __init__(self, instance_id: str, app: int, role: str, pool: str, cost: StepCost, table: RequestTable,
                  max_num_batched_tokens: int = 8192, worker_id: str = ""):

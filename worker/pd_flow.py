@@ -25,7 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, RunAssignment, subjects
+from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, PrefillDone, RunAssignment, subjects
 from runtime.bus import BusError, Envelope
 
 from .core.streaming import RequestTrack, emissions_for, failure
@@ -145,6 +145,12 @@ class PrefillDecodeFlow:
         track.is_finished = True  # D streams the rest; this worker is done with it
         track.extra["handed_to"] = target.decode_worker_id  # resends of later events are D's to answer
         await svc.send(track, [])
+        # tell the dispatchers who streams the request now (its fate follows D's, not ours)
+        notice = PrefillDone(request_id=rid, model=track.model, worker_id=svc.worker_id,
+                             instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens,
+                             prefill_ms=0.0, first_token_unix_ms=track.first_token_unix_ms or _now_ms(),
+                             handed_over_to_instance_id=target.decode_instance_id)
+        await svc.bus.publish(subjects.PREFILL_DONE, notice, propagate=False)
 
     async def _continue_here(self, track: RequestTrack, out: Any, engine: Any, req: Any, first_token: int) -> None:
         """The KV could not go to D: decode on this instance from its own held blocks."""

@@ -305,7 +305,12 @@ async def test_pd_request_yields_exactly_the_tokens_of_one_instance(cluster, pre
     assert used == [0, 0]
     first = min(obs.streams[split.request_id], key=lambda e: e.seq)
     assert first.seq == 0 and isinstance(first, TokenChunk) and len(first.token_ids) == 1
-    assert any(p.request_id == split.request_id and p.ok and p.instance_id == prefill[1] for p in obs.prefills)
+    assert any(p.request_id == split.request_id and p.ok and p.instance_id == prefill[1]
+               and not p.handed_over_to_instance_id for p in obs.prefills)
+    # and, once D took it over, a hand-over notice: the dispatchers then tie the stream's fate to D, not P
+    notices = [p.handed_over_to_instance_id for p in obs.prefills
+               if p.request_id == split.request_id and p.handed_over_to_instance_id]
+    assert notices == ([decode[1]] if max_tokens > 1 else [])
 
 
 async def test_pd_seeded_sampling_continues_the_same_random_stream(cluster):
@@ -411,7 +416,7 @@ async def test_a_warm_copy_offered_in_the_heartbeat_is_pulled_by_the_other_worke
         view = ClusterView(heartbeat_timeout_ms=60_000)
         view.on_heartbeat(hb.sent_unix_ms, hb)
         source = view.fork_source(MODEL, {A, B}, exclude_ids=set(), target_worker=B)
-        assert source.kind == "host_copy" and source.instance_id == warm and source.transfer_session == hb.transfer_session
+        assert (source.kind, source.instance_id, source.transfer_session) == ("host_copy", warm, hb.transfer_session)
 
         reply = await _command(bus, B, pulled, LifecycleAction.FORK_FROM, fork_source=source)
         assert reply.ok and reply.state == ModelState.ACTIVE and f"from the host copy of {warm}" in reply.detail, reply
