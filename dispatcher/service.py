@@ -52,6 +52,8 @@ DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
 HEARTBEAT_PERIOD_S = 0.5
 # the timer wakes at least this often (sooner when the core asks for it)
 TIMER_PERIOD_S = 0.25
+# streaming requests older than the gateway's timeout are forgotten this often (nothing else reports their end)
+STREAMING_EXPIRY_PERIOD_S = 5.0
 
 
 def now_ms() -> float:
@@ -70,6 +72,7 @@ class DispatcherService(Service):
         self._requests: dict[str, GenerateRequest] = {}
         # past the first token, by the instance streaming each: failed by us if that instance dies
         self._streaming = StreamingBook()
+        self._next_expiry_s = 0.0
         self._records: dict[str, InstanceRecord] = {}
         self._workers = PeerLiveness(timeout_s=WORKER_TIMEOUT_S, check_period_s=TIMER_PERIOD_S)
         self._dead_workers: set[str] = set()
@@ -192,6 +195,7 @@ class DispatcherService(Service):
             self._kick.clear()
             try:
                 await self._check_workers()
+                self._expire_streaming()
                 await self._apply(self.core.on_tick(now_ms()))
             except Exception:  # noqa: BLE001 - the dispatcher must keep dispatching
                 log.exception("dispatcher tick failed")
@@ -216,7 +220,13 @@ class DispatcherService(Service):
                             message=f"instance {instance_id} died after streaming had begun")
             await self.bus.publish(req.reply_subject, RequestFailed(request_id=req.request_id, seq=0, error=err),
                                    propagate=False)
-        # the gateway has given up on requests this old by now
+
+    def _expire_streaming(self) -> None:
+        """The dispatcher hears of a request's first token but not of its end: without this, every request that
+        streamed would stay in the book until some worker died. The gateway has given up on requests this old."""
+        if time.monotonic() < self._next_expiry_s:
+            return
+        self._next_expiry_s = time.monotonic() + STREAMING_EXPIRY_PERIOD_S
         self._streaming.expire(now_ms() - self.cluster.gateway.request_timeout_s * 1000.0)
 
     # --- outputs ---
@@ -275,4 +285,5 @@ class DispatcherService(Service):
 
     def health_detail(self) -> dict[str, str]:
         return {"assigned": str(self.num_assigned), "rejected": str(self.num_rejected),
-                "instances": str(len(self._records)), "queued": str(len(self._requests))}
+                "instances": str(len(self._records)), "queued": str(len(self._requests)),
+                "streaming": str(len(self._streaming))}

@@ -458,6 +458,8 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
         reply = await _command(bus, A, INST_A, LifecycleAction.WARM)
         assert reply.ok and reply.state == ModelState.WARM, reply
         results = [await obs.result(r.request_id, timeout_s=120) for r in reqs]
+        # every request streamed, and the dispatcher keeps each until the gateway's timeout (nothing reports ends)
+        assert dispatcher.health_detail()["streaming"] == str(len(reqs))
     finally:
         dispatcher.stopped.set()
         await asyncio.gather(task, return_exceptions=True)
