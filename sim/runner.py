@@ -35,7 +35,7 @@ SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only
 
 # Relative CPU time of each system on the headline run (run 11, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long
-# system alone (20.3 -> about 17 min of wall time for the six systems on two cores).
+# system alone (by run 12's CPU times, ~40 s of wall time saved against the listed order).
 RELATIVE_CPU = {"elastic-only": 1.0, "janus": 0.93, "steady-only": 0.72, "blitzscale-like": 0.49,
                 "prism-like": 0.46, "static": 0.43}
 

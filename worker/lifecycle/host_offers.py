@@ -83,7 +83,7 @@ class HostCopyOffers:
 
     @property
     def num_retired(self) -> int:
-        """Withdrawn copies whose memory is still held (for tests and the status page)."""
+        """Withdrawn copies whose memory is still held."""
         return len(self._retired)
 
     def offered(self) -> dict[str, HostCopy]:
