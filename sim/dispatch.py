@@ -28,6 +28,7 @@ class SimPrefillTime:
 
     def __init__(self, cost_by_model: dict[str, object]):
         self._cost = cost_by_model
+        self._table_ms: dict[str, np.ndarray] = {}  # model -> p_j by prompt length, grown as longer prompts come
 
     def predict_ms(self, instance: InstanceRecord, num_prompt_tokens: int) -> float:
         return 1e3 * self._cost[instance.model].prefill_s(int(num_prompt_tokens))
@@ -37,8 +38,20 @@ class SimPrefillTime:
 
     def predict_rows_ms(self, instances, num_prompt_tokens: np.ndarray) -> np.ndarray:
         """A round's instances are one model's, all on one kind of device: one row serves them all (the core asks
-        this once per round)."""
-        return self.predict_many_ms(instances[0], num_prompt_tokens)[None, :]
+        this once per round). Looked up in a per-model table of `predict_many_ms` by prompt length, the same values
+        elementwise: a queued request is in every round until it is sent, and computing its p_j each time was
+        ~4 % of a Janus run."""
+        model = instances[0].model
+        lengths = num_prompt_tokens.astype(np.int64)
+        table = self._table_ms.get(model)
+        if table is not None:
+            try:
+                return table[lengths][None, :]
+            except IndexError:  # a prompt longer than any so far: grow the table
+                pass
+        size = 1 << max(10, int(lengths.max(initial=0)).bit_length())
+        table = self._table_ms[model] = self.predict_many_ms(instances[0], np.arange(size, dtype=np.float64))
+        return table[lengths][None, :]
 
 
 class CoreDispatch:

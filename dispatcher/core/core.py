@@ -21,6 +21,7 @@ from .planner import plan_round
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
 from .registry import InstanceView
+from .scheduling import shared_rows
 from .requests import DispatchRequest
 
 
@@ -345,8 +346,7 @@ class DispatcherCore:
             return []
         jobs = list(queue.values())
         num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
-        proc_ms = self._proc_ms(instances, num_prompt_tokens)
-        decision = plan_round(now, jobs, available_ms, proc_ms, self.policy)
+        decision = plan_round(now, jobs, available_ms, self._proc_rows(instances, num_prompt_tokens), self.policy)
         effects: list[Effect] = []
         for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
             job = jobs[k]
@@ -374,16 +374,19 @@ class DispatcherCore:
             effects.append(self._assign(now, job, instances[i], predicted_ms))
         return effects
 
-    def _proc_ms(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray) -> np.ndarray:
-        """p_ij for every instance and queued job (read-only). A predictor with `predict_rows_ms` answers for all of
-        a model's instances at once, one shared row when they are alike (PrefillTimeModel): rounds of models with
-        hundreds of instances run on every arrival."""
-        shape = (len(instances), len(num_prompt_tokens))
+    def _proc_rows(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray) -> list[list[float]]:
+        """p_ij for every instance and queued job, one list per instance. A predictor with `predict_rows_ms` answers
+        for all of a model's instances at once, one shared row when they are alike (PrefillTimeModel): rounds of
+        models with hundreds of instances run on every arrival, and the planner sorts a shared row once."""
         predict_rows = getattr(self._prefill_time, "predict_rows_ms", None)
         if predict_rows is not None:
-            return np.broadcast_to(predict_rows(instances, num_prompt_tokens), shape)
+            rows = np.asarray(predict_rows(instances, num_prompt_tokens), dtype=np.float64)
+            if rows.shape == (1, len(num_prompt_tokens)):
+                return [rows[0].tolist()] * len(instances)
+            return shared_rows(np.broadcast_to(rows, (len(instances), len(num_prompt_tokens))))
         predict = self._prefill_time.predict_many_ms
-        return np.array([predict(record, num_prompt_tokens) for record in instances], dtype=np.float64).reshape(shape)
+        return shared_rows(np.array([predict(record, num_prompt_tokens) for record in instances],
+                                    dtype=np.float64).reshape(len(instances), len(num_prompt_tokens)))
 
     def _can_defer_round(self, now: float, queue: dict[str, Job], available_ms: list[float]) -> bool:
         """Nothing to commit yet: every instance is busy beyond the lookahead, and no late request has turned

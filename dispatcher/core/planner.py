@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import inf
+from typing import Sequence
 
 import numpy as np
 
 from .jobs import Job
 from .policy import DispatchPolicy, OverloadPolicy
-from .scheduling import FEASIBILITY_EPS_MS, LstImhPlan, lst_imh
+from .scheduling import FEASIBILITY_EPS_MS, LstImhPlan, lst_imh_rows, shared_rows
 
 
 @dataclass
@@ -43,13 +44,13 @@ def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchP
     return deadline_ms + step_ms, num_relaxations + 1
 
 
-def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int], due: np.ndarray) -> list[int]:
+def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int], due: list[float]) -> list[int]:
     """Jobs planned on not-yet-free instances, most urgent first."""
     jobs = [index[p] for i in far for p in plan[i]]
     return sorted(jobs, key=lambda k: (due[k], k))  # (due, index): deterministic among equal deadlines
 
 
-def _take_feasible(donors: list[int], start_ms: float, proc_row: np.ndarray, due: np.ndarray) -> int | None:
+def _take_feasible(donors: list[int], start_ms: float, proc_row: list[float], due: list[float]) -> int | None:
     for pos, k in enumerate(donors):
         if start_ms + proc_row[k] <= due[k] + FEASIBILITY_EPS_MS:
             del donors[pos]
@@ -57,37 +58,50 @@ def _take_feasible(donors: list[int], start_ms: float, proc_row: np.ndarray, due
     return None
 
 
+def _columns(rows: Sequence[list[float]], cols: list[int]) -> list[list[float]]:
+    """rows restricted to the given job indices, shared rows staying shared."""
+    picked: dict[int, list[float]] = {}
+    out = []
+    for row in rows:
+        sub = picked.get(id(row))
+        if sub is None:
+            sub = picked[id(row)] = [row[k] for k in cols]
+        out.append(sub)
+    return out
+
+
 def plan_round(
     now_ms: float,
     jobs: list[Job],
     available_ms: list[float],
-    proc_ms: np.ndarray,
+    proc_ms: np.ndarray | Sequence[list[float]],
     policy: DispatchPolicy,
 ) -> RoundDecision:
-    """available_ms[i]: T_i of routable instance i (>= now_ms). proc_ms[i, k]: predicted prefill of jobs[k] on i."""
+    """available_ms[i]: T_i of routable instance i (>= now_ms). proc_ms[i, k]: predicted prefill of jobs[k] on i, as
+    a matrix or as one list per instance (alike instances may share one list: the core's usual round)."""
+    rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
     if len(jobs) == 1 and not jobs[0].is_late:
-        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, proc_ms, policy)
+        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, rows, policy)
         if decision is not None:
             return decision
-    return plan_round_general(now_ms, jobs, available_ms, proc_ms, policy)
+    return plan_round_general(now_ms, jobs, available_ms, rows, policy)
 
 
-def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float], proc_ms: np.ndarray,
-                       policy: DispatchPolicy) -> RoundDecision:
+def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float],
+                       proc_ms: np.ndarray | Sequence[list[float]], policy: DispatchPolicy) -> RoundDecision:
     """`plan_round` for any queue (the lone-job shortcut's reference)."""
+    rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
     decision = RoundDecision()
     num_instances = len(available_ms)
-    deadline = np.array([job.deadline_ms for job in jobs], dtype=np.float64)
-    margin_ms = policy.deadline_margin_frac * np.array([job.request.ttft_slo_ms for job in jobs], dtype=np.float64)
+    frac = policy.deadline_margin_frac
+    deadline = [job.deadline_ms for job in jobs]
+    margin_ms = [frac * job.request.ttft_slo_ms for job in jobs]
     num_relax = [job.num_relaxations for job in jobs]
     on_time = [k for k, job in enumerate(jobs) if not job.is_late]
     late = [k for k, job in enumerate(jobs) if job.is_late]
 
-    plan_on_time = lst_imh(available_ms, proc_ms[:, on_time], (deadline - margin_ms)[on_time])
-    planned_ms = np.zeros(num_instances)
-    for i, picked in enumerate(plan_on_time.assigned):
-        if picked:
-            planned_ms[i] = proc_ms[i, [on_time[p] for p in picked]].sum()
+    on_time_rows = rows if len(on_time) == len(jobs) else _columns(rows, on_time)
+    plan_on_time = lst_imh_rows(available_ms, on_time_rows, [deadline[k] - margin_ms[k] for k in on_time])
     for p in plan_on_time.unassigned:
         k = on_time[p]
         relaxed = _relax(jobs[k], deadline[k], num_relax[k], policy)
@@ -98,12 +112,18 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
         decision.relaxed[k] = relaxed
         late.append(k)
 
-    due = deadline - margin_ms
+    due = [d - m for d, m in zip(deadline, margin_ms)]
     if late:
-        plan_late = lst_imh(list(np.asarray(available_ms) + planned_ms), proc_ms[:, late], due[late])
+        # the late requests plan on the time the on-time plan leaves over (numpy's sum, as the matrix version had)
+        planned_ms = [float(np.array([rows[i][on_time[p]] for p in picked]).sum()) if picked else 0.0
+                      for i, picked in enumerate(plan_on_time.assigned)]
+        plan_late = lst_imh_rows([a + s for a, s in zip(available_ms, planned_ms)], _columns(rows, late),
+                                 [due[k] for k in late])
+        distinct_rows = list({id(row): row for row in rows}.values())
+        fastest_ms = {k: min(row[k] for row in distinct_rows) for k in late}
     else:  # the usual round: nothing late, and the instances' availabilities need not be shifted
         plan_late = LstImhPlan(assigned=((),) * num_instances, unassigned=())
-    fastest_ms = proc_ms.min(axis=0)
+        fastest_ms = {}
     for p in plan_late.unassigned:
         k = late[p]
         # Not placed this round, but it may be on a later one until even a free instance cannot make it.
@@ -122,7 +142,7 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
     rejected = set(decision.rejected)
     for k in late:
         if k not in rejected:
-            decision.hopeless_at_ms[k] = float(due[k] - fastest_ms[k])
+            decision.hopeless_at_ms[k] = due[k] - fastest_ms[k]
 
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else float("inf")
     near = sorted((i for i in range(num_instances) if available_ms[i] <= horizon_ms), key=lambda i: (available_ms[i], i))
@@ -130,33 +150,34 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
     on_time_donors: list[int] | None = None  # built only when a near-free instance has nothing planned
     late_donors: list[int] | None = None
     for i in near:
+        row = rows[i]
         if plan_on_time.assigned[i]:
-            decision.commits.extend((i, on_time[p], float(proc_ms[i, on_time[p]])) for p in plan_on_time.assigned[i])
+            decision.commits.extend((i, on_time[p], row[on_time[p]]) for p in plan_on_time.assigned[i])
             continue
         k = None
         if policy.is_work_conserving:
             if on_time_donors is None:
                 on_time_donors = _edf_donors(plan_on_time.assigned, on_time, far, due)
-            k = _take_feasible(on_time_donors, available_ms[i], proc_ms[i], due)
+            k = _take_feasible(on_time_donors, available_ms[i], row, due)
         if k is None and plan_late.assigned[i]:
             k = late[plan_late.assigned[i][0]]
         if k is None and policy.is_work_conserving:
             if late_donors is None:
                 late_donors = _edf_donors(plan_late.assigned, late, far, due)
-            k = _take_feasible(late_donors, available_ms[i], proc_ms[i], due)
+            k = _take_feasible(late_donors, available_ms[i], row, due)
         if k is not None:
-            decision.commits.append((i, k, float(proc_ms[i, k])))
+            decision.commits.append((i, k, row[k]))
     return decision
 
 
-def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], proc_ms: np.ndarray,
+def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], rows: Sequence[list[float]],
                            policy: DispatchPolicy) -> RoundDecision | None:
     """The usual round of a lightly loaded model: one queued request, still on time. The same decision as the
     general path (LST-IMH over one job: the latest-free instance that makes the deadline takes it; then late
     binding and work conservation), without building its arrays. None when no instance makes the deadline: the
     general path relaxes or rejects."""
     due_ms = job.deadline_ms - policy.deadline_margin_frac * job.request.ttft_slo_ms
-    column = proc_ms[:, 0].tolist()
+    column = [row[0] for row in rows]
     # One pass each, no sorting (rounds of models with hundreds of instances run on every arrival):
     # chosen = the latest-free instance that passes Moore-Hodgson's test for one job (ties: the lowest index).
     chosen = None

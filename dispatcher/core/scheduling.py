@@ -76,36 +76,56 @@ def lst_imh(available_ms: Sequence[float], proc_ms: np.ndarray, due_ms: Sequence
     goes on to the next. Completes at least half as many requests on time as the best assignment.
     """
     num_instances = len(available_ms)
-    due = np.asarray(due_ms, dtype=np.float64)
-    num_requests = due.shape[0]
+    num_requests = len(due_ms)
+    proc = np.asarray(proc_ms, dtype=np.float64).reshape(num_instances, num_requests)
+    return lst_imh_rows(available_ms, shared_rows(proc), [float(d) for d in due_ms])
+
+
+def shared_rows(proc_ms: np.ndarray) -> list[list[float]]:
+    """A p_ij matrix as one list per instance, equal rows being one shared list (alike instances, the common case:
+    `lst_imh_rows` then sorts that row once)."""
+    rows: list[list[float]] = []
+    for row in proc_ms.tolist():
+        rows.append(rows[-1] if rows and rows[-1] == row else row)
+    return rows
+
+
+def check_rows(rows: Sequence[list[float]]) -> None:
+    """Predicted prefill times must be finite and >= 0 (each shared row is checked once)."""
+    for row in {id(row): row for row in rows}.values():
+        # a sum is NaN with any NaN in the row, inf with any inf; the min catches negatives
+        if row and not (sum(row) < math.inf and min(row) >= 0):
+            raise ValueError("predicted prefill times must be finite and >= 0")
+
+
+def lst_imh_rows(available_ms: Sequence[float], rows: Sequence[list[float]], due_ms: list[float]) -> LstImhPlan:
+    """`lst_imh` with p_ij as rows[i][j], plain floats; alike instances may share one list. Plain lists, not numpy:
+    a round's queue is tens of requests, where numpy's per-call cost is most of the work, and this runs on every
+    arrival and on every instance coming near free."""
+    num_instances = len(available_ms)
+    num_requests = len(due_ms)
     if num_requests == 0:
         return LstImhPlan(assigned=((),) * num_instances, unassigned=())
-    proc = np.asarray(proc_ms, dtype=np.float64).reshape(num_instances, num_requests)
-    # min/max rather than any/all of elementwise tests: one pass each, and NaN fails the comparisons
-    if num_instances and not (proc.min() >= 0 and proc.max() < math.inf):
-        raise ValueError("predicted prefill times must be finite and >= 0")
-    order = np.argsort(due, kind="stable")
-    due_sorted = due[order].tolist()
-    proc_sorted = proc[:, order]
+    check_rows(rows)
+    order = sorted(range(num_requests), key=due_ms.__getitem__)  # stable: equal deadlines stay in input order
+    due_sorted = [due_ms[j] for j in order]
     is_taken = bytearray(num_requests)
     assigned: list[tuple[int, ...]] = [()] * num_instances
     num_left = num_requests
-    row_ms: list[float] = []
-    previous_row: np.ndarray | None = None
-    # identical instances (the common case) share one list, found with one comparison of the whole matrix
-    is_uniform = num_instances > 0 and bool((proc_sorted == proc_sorted[0]).all())
+    row: list[float] | None = None
+    row_sorted: list[float] = []
     # Latest available first; ties by input index so the plan is deterministic (a stable sort keeps equal keys in
     # input order, reverse=True included).
     for i in sorted(range(num_instances), key=available_ms.__getitem__, reverse=True):
         if num_left == 0:
             break
-        if previous_row is None or not (is_uniform or np.array_equal(proc_sorted[i], previous_row)):
-            previous_row = proc_sorted[i]
-            row_ms = previous_row.tolist()
-        kept = _moore_hodgson_pass(row_ms, due_sorted, float(available_ms[i]), is_taken)
+        if rows[i] is not row:
+            row = rows[i]
+            row_sorted = [row[j] for j in order]
+        kept = _moore_hodgson_pass(row_sorted, due_sorted, float(available_ms[i]), is_taken)
         for k in kept:
             is_taken[k] = 1
         num_left -= len(kept)
-        assigned[i] = tuple(order[kept].tolist())
-    unassigned = [k for k in range(num_requests) if not is_taken[k]]
-    return LstImhPlan(assigned=tuple(assigned), unassigned=tuple(order[unassigned].tolist()))
+        assigned[i] = tuple([order[k] for k in kept])
+    unassigned = tuple([order[k] for k in range(num_requests) if not is_taken[k]])
+    return LstImhPlan(assigned=tuple(assigned), unassigned=unassigned)

@@ -8,6 +8,7 @@ the side and swaps it in with one assignment, so predictions never wait for a re
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -149,9 +150,7 @@ class Oracle:
                 mean, std, bound = (tuple(values[m - 1] for m in item.replicas) for values in grid)
                 version, source = predictor.version, "gp"
             else:
-                asked = np.asarray(item.replicas, dtype=int)
-                arrays = self._roofline_attainment(item.model, item.features, asked, query.k_sigma)
-                mean, std, bound = (tuple(a.tolist()) for a in arrays)
+                mean, std, bound = self._roofline_attainment(item.model, item.features, item.replicas, query.k_sigma)
                 version, source = self._profile(item.model).version, "roofline"
             # Built without validation: one per model per search round on the fast path, from values made here (the
             # query was validated where it came in, from the bus or a planner).
@@ -210,20 +209,23 @@ class Oracle:
             self._stack_cache = (key, StackedElasticity([self._elasticity[m] for m in models]))
         return self._stack_cache[1]
 
-    def _roofline_attainment(self, model: str, features: LoadFeatures, asked: np.ndarray, k_sigma: float) \
-            -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _roofline_attainment(self, model: str, features: LoadFeatures, asked: Sequence[int], k_sigma: float) \
+            -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
         """The roofline's attainment is non-decreasing in m by construction; evaluated in increasing m and held
-        non-decreasing anyway (in the order asked), since a caller may rely on it."""
+        non-decreasing anyway (in the order asked), since a caller may rely on it. Plain floats: a binary search
+        asks one or two counts a call, where numpy's per-call cost was most of the work."""
         profile = self._profile(model)
-        order = np.argsort(asked, kind="stable")
-        values = np.array(profile.roofline.attainment_many(features, [int(m) for m in asked[order]],
-                                                           profile.ttft_slo_ms, profile.tpot_slo_ms))
-        values = np.maximum.accumulate(values)
-        std = np.full(len(values), profile.roofline_attainment_std)
-        bound = np.clip(values - k_sigma * std, 0.0, 1.0)
-        mean, out_bound = np.empty_like(values), np.empty_like(values)
-        mean[order], out_bound[order] = values, bound
-        return mean, std, out_bound
+        order = sorted(range(len(asked)), key=asked.__getitem__)
+        values = profile.roofline.attainment_many(features, [int(asked[i]) for i in order], profile.ttft_slo_ms,
+                                                  profile.tpot_slo_ms)
+        std = profile.roofline_attainment_std
+        mean, bound = [0.0] * len(asked), [0.0] * len(asked)
+        running = -math.inf
+        for i, value in zip(order, values):
+            running = value if value > running else running
+            mean[i] = running
+            bound[i] = min(max(running - k_sigma * std, 0.0), 1.0)
+        return tuple(mean), (std,) * len(asked), tuple(bound)
 
     def _profile(self, model: str) -> ModelProfile:
         try:

@@ -91,9 +91,11 @@ def search_min_replicas(
 ) -> dict[str, ReplicaSearch]:
     """Binary search per model (see the module docstring for the two modes and the unreachable case).
 
-    `hints`: a likely m* per model (the last tick's). Bisect then also asks hint - 1 and hint in its first call;
-    when the answer is still the hint (the common case 0.5 s later) the search ends there, else it goes on between
-    the closest counts known to miss and to meet. The bound is non-decreasing in m, so the answer is the same as
+    `hints`: a likely m* per model (the last tick's). Bisect then asks only hint - 1 and hint in its first call;
+    when the answer is still the hint (the common case 0.5 s later) the search ends there, with two evaluations
+    rather than four (1 and the cap are not needed: the hint meeting the target shows the cap does). Else it asks
+    the end the answer lies towards (1, or the cap) with the next count past the hint, and bisects between the
+    closest counts known to miss and to meet. The bound is non-decreasing in m, so the answer is the same as
     without hints; only fewer questions are asked."""
     if max_num_replicas < 1:
         raise ValueError("max_num_replicas must be >= 1")
@@ -103,47 +105,62 @@ def search_min_replicas(
         raise ValueError(f"unknown search mode {mode!r}")
     asker = _Asker(oracle, features, k_sigma)
     cap = max_num_replicas
+    hints = {m: h for m, h in (hints or {}).items() if m in features and 1 <= h <= cap}
     if mode == "grid":
         asker.ask({m: tuple(range(1, cap + 1)) for m in features})
     else:
-        asker.ask({m: _first_asks(cap, (hints or {}).get(m)) for m in features})
-    threshold: dict[str, float] = {}
-    reachable: dict[str, bool] = {}
-    for m in features:
-        reachable[m] = asker.bound(m, cap) >= target_attainment
-        threshold[m] = target_attainment if reachable[m] else asker.bound(m, cap) - saturation_eps
-    lo: dict[str, int] = {}  # largest m known to miss the threshold
-    hi: dict[str, int] = {}  # smallest m known to meet it (cap always does)
-    result: dict[str, int] = {}
-    for m in features:
-        if asker.bound(m, 1) >= threshold[m]:
-            result[m] = 1
-            continue
-        seen = asker.seen[m]
-        lo[m] = max(r for r in seen if seen[r][2] < threshold[m])
-        hi[m] = min(r for r in seen if r > lo[m] and seen[r][2] >= threshold[m])
-        if hi[m] - lo[m] <= 1:
-            result[m] = hi[m]
-            del lo[m], hi[m]
-    while lo:
-        asker.ask({m: ((lo[m] + hi[m]) // 2,) for m in lo})
-        for m in list(lo):
-            mid = (lo[m] + hi[m]) // 2
-            if asker.bound(m, mid) >= threshold[m]:
-                hi[m] = mid
+        asker.ask({m: _first_asks(cap, hints.get(m)) for m in features})
+    result: dict[str, tuple[int, bool]] = {}
+    pending = list(features)
+    while pending:
+        asks: dict[str, tuple[int, ...]] = {}
+        for m in pending:
+            step = _next_step(asker.seen[m], cap, target_attainment, saturation_eps, hints.get(m))
+            if isinstance(step, _Answer):
+                result[m] = (step.num_replicas, step.is_reachable)
             else:
-                lo[m] = mid
-            if hi[m] - lo[m] <= 1:
-                result[m] = hi[m]
-                del lo[m], hi[m]
-    return {
-        m: ReplicaSearch(m, result[m], reachable[m], asker.prediction(m), asker.num_rounds) for m in features
-    }
+                asks[m] = step
+        pending = list(asks)
+        if asks:
+            asker.ask(asks)
+    return {m: ReplicaSearch(m, result[m][0], result[m][1], asker.prediction(m), asker.num_rounds)
+            for m in features}
+
+
+@dataclass(frozen=True)
+class _Answer:
+    num_replicas: int
+    is_reachable: bool
+
+
+def _next_step(seen: Mapping[int, tuple[float, float, float]], cap: int, target: float, saturation_eps: float,
+               hint: int | None) -> _Answer | tuple[int, ...]:
+    """One model's answer from the bounds seen so far, or the counts to ask next. The bound is non-decreasing in m,
+    so a count that meets the target shows the cap reaches it too, and m* lies between the largest count seen to
+    miss and the smallest seen to meet."""
+    bounds = {r: values[2] for r, values in seen.items()}
+    if any(b >= target for b in bounds.values()):
+        threshold, is_reachable = target, True
+    elif cap in bounds:
+        threshold, is_reachable = bounds[cap] - saturation_eps, False
+    else:  # everything seen misses: is the target reachable at all? (and, next to a hint, one count up)
+        return tuple(sorted({cap} | ({hint + 1} if hint is not None and hint + 1 < cap else set())))
+    lo = max((r for r, b in bounds.items() if b < threshold), default=0)  # the largest count known to miss
+    if lo == 0 and 1 not in bounds:  # nothing seen misses: is one enough? (and, next to a hint, one count down)
+        return tuple(sorted({1} | ({hint - 2} if hint is not None and hint - 2 > 1 else set())))
+    hi = min((r for r, b in bounds.items() if r > lo and b >= threshold), default=None)
+    if hi is None:  # only an oracle breaking monotonicity gets here: the cap settles it
+        if cap not in bounds:
+            return (cap,)
+        hi = cap
+    if hi - lo <= 1:
+        return _Answer(hi, is_reachable)
+    return ((lo + hi) // 2,)
 
 
 def _first_asks(cap: int, hint: int | None) -> tuple[int, ...]:
-    """1 and the cap (reachability), and around a hint: hint - 1 and hint, inside [1, cap]."""
-    asks = {1, cap}
-    if hint is not None:
-        asks |= {r for r in (hint - 1, hint) if 1 <= r <= cap}
-    return tuple(sorted(asks))
+    """Around a hint (inside [1, cap]): hint - 1 and hint, which settle the search when the hint is still right.
+    Without one: 1 and the cap (reachability), for the bisection."""
+    if hint is None:
+        return tuple(sorted({1, cap}))
+    return tuple(r for r in (hint - 1, hint) if r >= 1)

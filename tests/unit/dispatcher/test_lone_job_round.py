@@ -50,3 +50,35 @@ def test_the_latest_free_instance_that_makes_the_deadline_gets_a_lone_request():
     conserving = DispatchPolicy(deadline_margin_frac=0.0)
     assert plan_round(0.0, [job], [0.0, 50.0], proc_ms, conserving).commits == [(0, 0, 10.0)]
     assert plan_round(0.0, [job], [0.0, 15.0], proc_ms, idle_keeps).commits == [(1, 0, 10.0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    now_ms=times_ms,
+    offsets_ms=st.lists(times_ms, min_size=1, max_size=5),
+    jobs=st.lists(st.tuples(st.integers(1, 60).map(float), st.booleans(), st.integers(0, 1)), min_size=1,
+                  max_size=8),
+    proc=st.lists(st.integers(1, 30).map(float), min_size=8, max_size=8),
+    alike=st.booleans(),
+    margin=st.sampled_from([0.0, 0.05]),
+    overload=st.sampled_from(list(OverloadPolicy)),
+)
+def test_instances_sharing_one_row_decide_as_separate_rows(now_ms, offsets_ms, jobs, proc, alike, margin, overload):
+    """The core hands alike instances one shared row of p_ij (the planner sorts it once); the decision must be the
+    one separate rows, or the matrix, give. Late jobs (requeue) included: they plan on per-instance leftovers."""
+    policy = DispatchPolicy(deadline_margin_frac=margin, overload=overload)
+    available_ms = [now_ms + o for o in offsets_ms]
+    job_list = []
+    for n, (slo_ms, is_late, num_relaxations) in enumerate(jobs):
+        job = Job.from_request(request(f"r{n}", now_ms, slo_ms=slo_ms))
+        job.is_late, job.num_relaxations = is_late, num_relaxations if is_late else 0
+        job_list.append(job)
+    row = proc[: len(job_list)]
+    if alike:
+        matrix = np.array([row] * len(available_ms))
+    else:  # rows differ per instance: a rotation of the same times
+        matrix = np.array([row[i % len(row):] + row[: i % len(row)] for i in range(len(available_ms))])
+    shared = [matrix[0].tolist()] * len(available_ms) if alike else [r.tolist() for r in matrix]
+    separate = [list(r) for r in shared]
+    decisions = [plan_round(now_ms, job_list, available_ms, p, policy) for p in (matrix, shared, separate)]
+    assert decisions[0] == decisions[1] == decisions[2]

@@ -92,6 +92,25 @@ def test_a_right_hint_ends_the_search_in_one_call():
     assert off.num_replicas == answer.num_replicas and near.num_elasticity_calls < answer.num_rounds
 
 
+def test_a_right_hint_asks_only_the_hint_and_the_count_below():
+    # 1 and the cap are not needed when the hint still meets the target: that already shows the cap reaches it
+    feats = {"m": features(20_000.0)}
+    answer = search_min_replicas(TableOracle(), feats, 0.95, 1.0, 64)["m"].num_replicas
+    oracle = TableOracle()
+    hinted = search_min_replicas(oracle, feats, 0.95, 1.0, 64, hints={"m": answer})["m"]
+    assert hinted.is_reachable and sorted(r for _, r in oracle.asked) == [answer - 1, answer]
+
+
+@pytest.mark.parametrize("offset", [-1, 1])
+def test_a_hint_one_off_settles_in_two_calls(offset):
+    # the second call asks the end the answer lies towards with the next count past the hint, which settles it
+    feats = {"m": features(20_000.0)}
+    answer = search_min_replicas(TableOracle(), feats, 0.95, 1.0, 64)["m"].num_replicas
+    oracle = TableOracle()
+    hinted = search_min_replicas(oracle, feats, 0.95, 1.0, 64, hints={"m": answer + offset})["m"]
+    assert hinted.num_replicas == answer and oracle.num_elasticity_calls == 2
+
+
 def test_prefill_decode_split():
     p = ElasticPolicy(decode_token_cost_ratio=2.0)
     # prefill work 1000, decode work 250 * 2 = 500: two thirds prefill.
