@@ -16,6 +16,7 @@ from contracts import ErrorCode, GenerateRequest, InstanceRecord, InstanceRole, 
 from .decode_routing import DecodeBacklog
 from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .jobs import Job
+from .least_load import LeastLoadIndex
 from .load_window import LoadWindow
 from .planner import plan_round
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
@@ -55,6 +56,7 @@ class DispatcherCore:
         self._inflight: dict[str, _InFlight] = {}
         self._windows: dict[str, LoadWindow] = {}
         self._rr_cursor: dict[str, int] = {}
+        self._least_load: dict[str, LeastLoadIndex] = {}
         self._now_ms = float("-inf")
         self._next_publish_ms: float | None = None
 
@@ -401,29 +403,32 @@ class DispatcherCore:
             return False
         return not any(job.is_late and job.hopeless_at_ms <= now for job in queue.values())
 
+    def _least_load_index(self, model: str) -> LeastLoadIndex:
+        """The model's least-load order, rebuilt when its routable set changes."""
+        ledgers = self._view.prefill_ledgers(model)
+        index = self._least_load.get(model)
+        if index is None or index.ledgers is not ledgers:
+            if index is not None:
+                index.close()
+            index = self._least_load[model] = LeastLoadIndex(ledgers)
+        return index
+
     def _dispatch_baseline(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]
     ) -> list[Effect]:
         """Round-robin and least-load: deadline-blind, every request goes out at once, nothing is rejected late."""
         effects: list[Effect] = []
         is_round_robin = self.policy.algorithm == Algorithm.ROUND_ROBIN
-        if not is_round_robin:
-            # least-load's key per instance, built once per round; an assignment changes only its instance's key
-            ledgers = self._view.prefill_ledgers(model)
-            keys = [(e if (e := led.epdt_ms) > now else now, led.num_outstanding, r.instance_id)  # max(now, EPDT)
-                    for led, r in zip(ledgers, instances)]
+        least_load = None if is_round_robin else self._least_load_index(model)
         for job in sorted(queue.values(), key=lambda j: (j.request.arrival_ms, j.request_id)):
-            if is_round_robin:
+            if least_load is None:
                 cursor = self._rr_cursor.get(model, 0)
                 chosen = cursor % len(instances)
                 self._rr_cursor[model] = cursor + 1
             else:
-                chosen = min(range(len(instances)), key=keys.__getitem__)
+                chosen = least_load.choose(now)  # the assignment below tells the index of its ledger's change
             record = instances[chosen]
             predicted_ms = float(self._prefill_time.predict_ms(record, job.request.num_prompt_tokens))
             self._dequeue(queue, job)
             effects.append(self._assign(now, job, record, predicted_ms))
-            if not is_round_robin:
-                led = ledgers[chosen]
-                keys[chosen] = (max(now, led.epdt_ms), led.num_outstanding, record.instance_id)
         return effects

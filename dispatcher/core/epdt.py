@@ -26,6 +26,21 @@ class PrefillLedger:
         self._outstanding: dict[str, _Outstanding] = {}  # insertion order = assignment order
         self._pending_ms = 0.0  # predicted time of outstanding prefills not presumed started
         self._next_seq = 0
+        # an index keeping instances in order (least_load.LeastLoadIndex): told of every change by this position
+        self._watcher: list[int] | None = None
+        self._slot = 0
+
+    def watch(self, dirty: list[int], slot: int) -> None:
+        """Append `slot` to `dirty` whenever the EPDT or the outstanding count may have changed."""
+        self._watcher, self._slot = dirty, slot
+
+    def unwatch(self, dirty: list[int]) -> None:
+        if self._watcher is dirty:
+            self._watcher = None
+
+    def _changed(self) -> None:
+        if self._watcher is not None:
+            self._watcher.append(self._slot)
 
     @property
     def pending_ms(self) -> float:
@@ -57,6 +72,7 @@ class PrefillLedger:
         self._next_seq += 1
         self._pending_ms += predicted_ms
         self.epdt_ms = max(self.epdt_ms, now_ms) + predicted_ms
+        self._changed()
         return self.epdt_ms
 
     def complete(self, now_ms: float, request_id: str) -> bool:
@@ -65,6 +81,7 @@ class PrefillLedger:
         entry = self._outstanding.pop(request_id, None)
         if entry is None:
             return False
+        self._changed()
         if entry.is_presumed_started:
             # Its time was already taken out of the EPDT when a later request completed.
             return True
@@ -84,6 +101,7 @@ class PrefillLedger:
         entry = self._outstanding.pop(request_id, None)
         if entry is None:
             return False
+        self._changed()
         if not entry.is_presumed_started:
             self._pending_ms -= entry.predicted_ms
             self.epdt_ms = max(now_ms, self.epdt_ms - entry.predicted_ms)
@@ -95,6 +113,7 @@ class PrefillLedger:
     def clear(self, now_ms: float) -> list[str]:
         """The instance is gone: forget everything, return what was outstanding (assignment order)."""
         ids = list(self._outstanding)
+        self._changed()
         self._outstanding.clear()
         self._pending_ms = 0.0
         self.epdt_ms = min(self.epdt_ms, now_ms)

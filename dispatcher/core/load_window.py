@@ -17,6 +17,7 @@ class LoadWindow:
         self._started_ms = started_ms
         self._arrivals: deque[tuple[float, int, int]] = deque()  # (ms, prompt tokens, output tokens)
         self._first_tokens: deque[tuple[float, bool]] = deque()  # (ms, is on time)
+        self._num_on_time = 0  # of the first tokens in the window
         self._rejections: deque[float] = deque()
 
     def record_arrival(self, now_ms: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
@@ -24,15 +25,18 @@ class LoadWindow:
 
     def record_first_token(self, now_ms: float, is_on_time: bool) -> None:
         self._first_tokens.append((now_ms, is_on_time))
+        self._num_on_time += bool(is_on_time)
 
     def record_rejection(self, now_ms: float) -> None:
         self._rejections.append(now_ms)
 
     def _prune(self, now_ms: float) -> None:
         cutoff = now_ms - self.window_ms
-        for events in (self._arrivals, self._first_tokens):
-            while events and events[0][0] <= cutoff:
-                events.popleft()
+        arrivals, first_tokens = self._arrivals, self._first_tokens
+        while arrivals and arrivals[0][0] <= cutoff:
+            arrivals.popleft()
+        while first_tokens and first_tokens[0][0] <= cutoff:
+            self._num_on_time -= bool(first_tokens.popleft()[1])
         while self._rejections and self._rejections[0] <= cutoff:
             self._rejections.popleft()
 
@@ -44,14 +48,17 @@ class LoadWindow:
         if num_requests:
             prompts = [a[1] for a in self._arrivals]
             outputs = [a[2] for a in self._arrivals]
-            in_mean = sum(prompts) / num_requests
-            out_mean = sum(outputs) / num_requests
-            in_var = sum((x - in_mean) ** 2 for x in prompts) / num_requests
-            out_var = sum((x - out_mean) ** 2 for x in outputs) / num_requests
-            token_rate = (sum(prompts) + sum(outputs)) / span_s
+            sum_in, sum_out = sum(prompts), sum(outputs)
+            in_mean = sum_in / num_requests
+            out_mean = sum_out / num_requests
+            # lists, not generators, in sum(): the same additions in the same order, a third faster (every model's
+            # window is published every 0.5 s, over up to thousands of arrivals)
+            in_var = sum([(x - in_mean) ** 2 for x in prompts]) / num_requests
+            out_var = sum([(x - out_mean) ** 2 for x in outputs]) / num_requests
+            token_rate = (sum_in + sum_out) / span_s
         else:
             in_mean = out_mean = in_var = out_var = token_rate = 0.0
-        num_on_time = sum(1 for _, ok in self._first_tokens if ok)
+        num_on_time = self._num_on_time
         num_late = len(self._first_tokens) - num_on_time
         num_rejected = len(self._rejections)
         num_outcomes = len(self._first_tokens) + num_rejected

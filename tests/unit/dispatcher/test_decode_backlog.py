@@ -52,6 +52,33 @@ def test_the_running_count_equals_the_definition(events):
             assert b.backlog(instance_id) == _from_scratch(b, instance_id)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(event, st.tuples(st.just("choose"), st.integers(0, 2))), max_size=80))
+def test_choose_from_its_heap_is_the_minimum_of_the_key_after_any_events(events):
+    """choose keeps a heap per model across calls with the same candidate tuple; whatever happened to the backlogs
+    in between, it must answer what a scan over the key would. A new tuple (the registry changed) starts over."""
+    b = DecodeBacklog()
+    tuples = [tuple(_record(i, max_num_seqs=4 * (k + 1)) for k, i in enumerate(INSTANCES)),
+              tuple(_record(i, max_num_seqs=8) for i in INSTANCES[:2])]
+    for e in events:
+        if e[0] == "choose":
+            candidates = tuples[e[1] % 2]
+            expected = min(candidates, key=lambda r: (b.backlog(r.instance_id),
+                                                      b.backlog(r.instance_id) / r.max_num_seqs, r.instance_id))
+            assert b.choose(candidates) is expected
+        elif e[0] == "sent":
+            if e[2] not in b._instance_of:
+                b.record_sent(e[1], e[2])
+        elif e[0] == "done":
+            b.record_prefill_done(e[1], float(e[2]))
+        elif e[0] == "forget":
+            b.forget_request(e[1])
+        elif e[0] == "report":
+            b.report(e[1], float(e[2]), e[3])
+        else:
+            b.forget_instance(e[1])
+
+
 def test_choose_takes_the_least_backlog_then_the_emptier_share_then_the_id():
     b = DecodeBacklog()
     b.report("a", 0.0, 3)
