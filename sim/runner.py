@@ -33,11 +33,11 @@ def _systems() -> dict[str, Callable[[], ControlPlane]]:
 
 SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
 
-# Relative CPU time of each system on the headline run (run 11, docs/bench/sim.md): run_many starts the longest
+# Relative CPU time of each system on the headline run (run 15, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long
-# system alone (by run 12's CPU times, ~40 s of wall time saved against the listed order).
-RELATIVE_CPU = {"elastic-only": 1.0, "janus": 0.93, "steady-only": 0.72, "blitzscale-like": 0.49,
-                "prism-like": 0.46, "static": 0.43}
+# system alone.
+RELATIVE_CPU = {"elastic-only": 1.0, "janus": 0.90, "steady-only": 0.72, "prism-like": 0.33, "static": 0.27,
+                "blitzscale-like": 0.27}
 
 
 def longest_first(systems: list[str]) -> list[str]:
