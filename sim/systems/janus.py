@@ -54,7 +54,7 @@ class JanusControl(ControlPlane):
         self.name = name or {"both": "janus", "steady_only": "steady-only", "elastic_only": "elastic-only"}[mode]
         self.steady_period_s = steady_period_s
         self.elastic_period_s = steady_period_s if mode == "steady_only" else elastic_period_s
-        # Four knobs differ from the scaler's defaults, all measured on the headline scenario (docs/bench/sim.md):
+        # Five knobs differ from the scaler's defaults, all measured on the headline scenario (docs/bench/sim.md):
         # - the replica cap (64) is below what the busiest model of a 768-device fleet needs at a burst;
         # - load_headroom 1.5 (static partition sizes its replicas at 0.7 utilisation, 1/0.7 = 1.43) and a
         #   scale-in band up to 3x the rate. First 300 s, decode_token_cost_ratio 1.0: no headroom 0.927 on 26.2
@@ -64,8 +64,15 @@ class JanusControl(ControlPlane):
         # - backlog_drain_s 1: also size for the dispatchers' queued requests, cleared within 1 s. A 5 s window lags
         #   a burst; the queue shows it at once. First 300 s: default mix 0.9912 -> 0.9964 on 9 % more
         #   device-hours, light mix 0.9374 -> 0.9957 on 10 % more (2 s: 0.9931 / 0.9855; 0.5 s: 0.9982 / 0.9972).
+        # - min_num_disaggregated 3: two instances run colocated, not one prefill and one decode. The oracle sizes m
+        #   as m colocated replicas; a lone decode instance then takes all of a long-output model's decoding, and a
+        #   count flapping between 1 and 2 switched the model between colocated and P/D. Whole headline, Janus only:
+        #   worst app (app-05, qwen2.5-32b tp2) 0.896 -> 0.929 (no app below 0.929), token attainment 0.9826 ->
+        #   0.9800, device-hours 280.0 -> 284.1; 4: worst 0.929, attainment 0.9719. Holding P/D up for 30 s
+        #   instead took app-05 to 0.622.
         self.elastic_policy = elastic_policy or ElasticPolicy(max_num_replicas=256, load_headroom=1.5,
-                                                              scale_in_headroom=3.0, backlog_drain_s=1.0)
+                                                              scale_in_headroom=3.0, backlog_drain_s=1.0,
+                                                              min_num_disaggregated=3)
         self.steady_policy = steady_policy or SteadyPolicy(period_s=steady_period_s)
         if pool_policy is None and mode == "elastic_only":
             pool_policy = PoolPolicy(large_need_enter=1e-9, large_need_exit=1e-9)  # everything is "large"
