@@ -31,23 +31,26 @@ def _record(instance_id: str, max_num_seqs: int = 8) -> InstanceRecord:
                           updated_unix_ms=0.0)
 
 
+def _apply(b: DecodeBacklog, e: tuple) -> None:
+    if e[0] == "sent":
+        if e[2] not in b._instance_of:  # a request is sent once (the core forgets it before any retry)
+            b.record_sent(e[1], e[2])
+    elif e[0] == "done":
+        b.record_prefill_done(e[1], float(e[2]))
+    elif e[0] == "forget":
+        b.forget_request(e[1])
+    elif e[0] == "report":
+        b.report(e[1], float(e[2]), e[3])
+    else:
+        b.forget_instance(e[1])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(event, max_size=60))
 def test_the_running_count_equals_the_definition(events):
     b = DecodeBacklog()
     for e in events:
-        if e[0] == "sent":
-            if e[2] in b._instance_of:
-                continue  # a request is sent once (the core forgets it before any retry)
-            b.record_sent(e[1], e[2])
-        elif e[0] == "done":
-            b.record_prefill_done(e[1], float(e[2]))
-        elif e[0] == "forget":
-            b.forget_request(e[1])
-        elif e[0] == "report":
-            b.report(e[1], float(e[2]), e[3])
-        else:
-            b.forget_instance(e[1])
+        _apply(b, e)
         for instance_id in INSTANCES:
             assert b.backlog(instance_id) == _from_scratch(b, instance_id)
 
@@ -66,17 +69,8 @@ def test_choose_from_its_heap_is_the_minimum_of_the_key_after_any_events(events)
             expected = min(candidates, key=lambda r: (b.backlog(r.instance_id),
                                                       b.backlog(r.instance_id) / r.max_num_seqs, r.instance_id))
             assert b.choose(candidates) is expected
-        elif e[0] == "sent":
-            if e[2] not in b._instance_of:
-                b.record_sent(e[1], e[2])
-        elif e[0] == "done":
-            b.record_prefill_done(e[1], float(e[2]))
-        elif e[0] == "forget":
-            b.forget_request(e[1])
-        elif e[0] == "report":
-            b.report(e[1], float(e[2]), e[3])
         else:
-            b.forget_instance(e[1])
+            _apply(b, e)
 
 
 def test_choose_takes_the_least_backlog_then_the_emptier_share_then_the_id():
