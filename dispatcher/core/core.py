@@ -22,8 +22,8 @@ from .planner import plan_round
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
 from .registry import InstanceView
-from .scheduling import shared_rows
 from .requests import DispatchRequest
+from .scheduling import shared_rows
 
 
 # roles whose instances decode what they hold: their backlog is tracked for routing
