@@ -56,8 +56,12 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
                      and all(getattr(s, "residents", None) is None or
                              all(r.is_ready for r in s.residents.values()) and s.residents
                              for s in out.services.values()), timeout_s=120, tasks=out.tasks)
-    await wait_until(lambda: len(out.dispatcher._records) >= num_workers * len(cluster.models), timeout_s=30,
-                     tasks=out.tasks)
+    # The dispatcher must route every model to this cluster's own ready instances: the registry may still hold
+    # records of an earlier cluster on the same nats-server, which a count of records would take for these.
+    worker_ids = {f"{tag}-worker-{i}" for i in range(num_workers)}
+    await wait_until(lambda: all(any(r.model == m.name and r.is_ready and r.worker_id in worker_ids
+                                     for r in out.dispatcher._live_records()) for m in cluster.models),
+                     timeout_s=30, tasks=out.tasks)
     return out
 
 

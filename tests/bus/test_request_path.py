@@ -42,7 +42,7 @@ async def test_streamed_chat_arrives_as_sse_chunks_then_done(echo_cluster):
         async with client.stream("POST", "/v1/chat/completions", json={
                 "model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "stream": True, "stream_options": {"include_usage": True}}) as r:
-            assert r.status_code == 200
+            assert r.status_code == 200, (await r.aread()).decode()
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
                     chunks.append(line[6:])
