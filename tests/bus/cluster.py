@@ -57,10 +57,12 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
                              all(r.is_ready for r in s.residents.values()) and s.residents
                              for s in out.services.values()), timeout_s=120, tasks=out.tasks)
     # The dispatcher must route every model to this cluster's own ready instances: the registry may still hold
-    # records of an earlier cluster on the same nats-server, which a count of records would take for these.
+    # records of an earlier cluster on the same nats-server, which a count of records would take for these, and a
+    # request sent before its model is routable waits, and may miss its TTFT deadline on a loaded machine.
     worker_ids = {f"{tag}-worker-{i}" for i in range(num_workers)}
-    await wait_until(lambda: all(any(r.model == m.name and r.is_ready and r.worker_id in worker_ids
-                                     for r in out.dispatcher._live_records()) for m in cluster.models),
+    view = out.dispatcher.core._view  # what the dispatcher routes by: ready, ACTIVE, not banned
+    await wait_until(lambda: all(any(r.worker_id in worker_ids for r in view.prefill_instances(m.name))
+                                 for m in cluster.models),
                      timeout_s=30, tasks=out.tasks)
     return out
 
