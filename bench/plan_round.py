@@ -10,6 +10,7 @@ them. With --against REF it loads REF's `dispatcher/core` (git archive, imported
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import io
 import subprocess
@@ -41,8 +42,7 @@ def record_rounds(window_s: float, sample: int) -> list[tuple]:
         seen[0] += 1
         if seen[0] % sample == 0:
             # jobs are mutated by later rounds (relaxations): keep copies as they were
-            copies = [type(j)(j.request, j.deadline_ms, j.is_late, j.num_relaxations, j.attempt, j.hopeless_at_ms)
-                      for j in jobs]
+            copies = [copy.copy(j) for j in jobs]
             rounds.append((now, copies, list(available), np.array(rows, dtype=np.float64), policy, decision))
         return decision
 
