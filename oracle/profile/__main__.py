@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .grid import LengthMix
-from .harness import DEFAULT_MIXES, HarnessSettings, Profiler, capacity_rps, profile_model, random_grid
+from .harness import CLOCKS, DEFAULT_MIXES, HarnessSettings, Profiler, capacity_rps, profile_model, random_grid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-s", type=float, default=HarnessSettings.drain_s)
     parser.add_argument("--ttft-slo-ms", type=float, default=HarnessSettings.ttft_slo_ms)
     parser.add_argument("--tpot-slo-ms", type=float, default=HarnessSettings.tpot_slo_ms)
-    parser.add_argument("--clock", choices=["thread_cpu", "wall"], default=HarnessSettings.clock,
-                        help="what advances a replica's clock: the engine thread's CPU time (shared machine) or wall")
+    parser.add_argument("--clock", choices=CLOCKS, default=HarnessSettings.clock,
+                        help="what advances a replica's clock: the engine thread's CPU time, wall time (a dedicated "
+                             "machine), or a step-cost model fitted at start to the quickest timings of each step "
+                             "shape (a shared machine's drift left out; oracle/profile/step_cost.py)")
     parser.add_argument("--speed-probe", action="store_true",
                         help="scale each grid point's clock by the machine's speed now against its quietest "
                              "(a shared machine's drift; oracle/profile/speed.py)")
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                                is_speed_corrected=args.speed_probe)
     started = time.perf_counter()
     profiler = Profiler(model_dir, settings, max_replicas=max(args.replicas))
+    if profiler.step_cost is not None:
+        c = profiler.step_cost
+        print(f"step-cost clock: {', '.join(f'{x:.3g}' for x in c.coef)} s; fit error median "
+              f"{100 * c.fit_median_error:.1f} %, p90 {100 * c.fit_p90_error:.1f} %")
     e = profiler.roofline.efficiency
     print(f"calibrated roofline on {profiler.roofline.device.name}: mfu={e.mfu:.3g} mbu={e.mbu:.3g} "
           f"overhead={e.step_overhead_ms:.2f} ms")

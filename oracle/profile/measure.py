@@ -37,6 +37,7 @@ class StepRecord:
     num_decode_tokens: int
     context_tokens: int
     kv_bytes: int
+    measured_s: float | None = None  # what the step took by the timer, where wall_s is a step-cost model's
 
 
 @dataclass(frozen=True)

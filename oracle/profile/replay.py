@@ -2,7 +2,8 @@
 
 This machine has two shared cores, so m replicas cannot run side by side. Each replica keeps its own virtual
 clock instead: the replicas are served in turn, always the one whose clock is earliest, and a step advances that
-replica's clock by the wall time the real `engine.step()` just took. Arrivals are dispatched at their arrival time
+replica's clock by the time the real `engine.step()` just took (or, with a step-cost model, by what a step of that shape
+costs on the quiet machine: step_cost.py). Arrivals are dispatched at their arrival time
 to the replica with the fewest outstanding requests. Attainment thus reflects real engine work without needing m
 real cores (docs/oracle.md, "Profiling"). The timer is injected, so tests can use a deterministic one.
 """
@@ -18,6 +19,7 @@ import numpy as np
 from contracts import SamplingParams
 
 from .measure import RequestRecord, StepRecord
+from .step_cost import ShapeTracker, StepCostModel
 from .workload import SyntheticRequest
 
 
@@ -49,7 +51,7 @@ class RunResult:
 
 def run_virtual(engines: Sequence[EngineLike], workload: Sequence[SyntheticRequest], vocab_size: int,
                 end_s: float, probe: StepProbe, timer: Callable[[], float], id_prefix: str = "",
-                seed: int = 0) -> RunResult:
+                seed: int = 0, step_cost: StepCostModel | None = None) -> RunResult:
     if not engines:
         raise ValueError("at least one engine")
     rng = np.random.default_rng(seed)
@@ -57,6 +59,7 @@ def run_virtual(engines: Sequence[EngineLike], workload: Sequence[SyntheticReque
     records = {r.request_id: RequestRecord(r.arrival_s, r.prompt_len, r.output_len) for r in workload}
     pending = deque(sorted(workload, key=lambda r: r.arrival_s))
     owner: dict[str, Replica] = {}
+    tracker = ShapeTracker()
     is_truncated = False
     while True:
         busy = [r for r in replicas if r.engine.has_unfinished() and r.clock_s < end_s]
@@ -76,11 +79,14 @@ def run_virtual(engines: Sequence[EngineLike], workload: Sequence[SyntheticReque
             target.request_ids.append(request.request_id)
             owner[request.request_id] = target
             continue
+        if step_cost is not None:
+            tracker.before(nxt.engine)
         started = timer()
         outputs = nxt.engine.step()
-        wall_s = timer() - started
+        measured_s = timer() - started
+        wall_s = measured_s if step_cost is None else step_cost.seconds(tracker.after(nxt.engine))
         num_prefill, num_decode, context, kv_bytes = probe(nxt.engine)
-        nxt.steps.append(StepRecord(nxt.clock_s, wall_s, num_prefill, num_decode, context, kv_bytes))
+        nxt.steps.append(StepRecord(nxt.clock_s, wall_s, num_prefill, num_decode, context, kv_bytes, measured_s))
         nxt.clock_s += wall_s
         for out in outputs:
             rid = out.request_id[len(id_prefix):]
