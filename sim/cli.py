@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .runner import SYSTEM_NAMES, ScenarioSpec, run_many
+from .runner import EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, run_many
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mix", default="default", choices=["default", "light", "heavy", "full-range"],
                    help="which models the apps run (by traffic rank; see sim/scenario.py)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
-                   ", ".join(SYSTEM_NAMES))
+                   ", ".join(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
     p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")

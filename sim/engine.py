@@ -209,6 +209,19 @@ class Sim:
         if not inst.waiting and not inst.batch and inst.num_in_flight <= 0:
             self._remove(inst, now_s)
 
+    def resume(self, inst: SimInstance, now_s: float | None = None) -> bool:
+        """Admit again an instance that is draining (the lifecycle's RESUME: DRAINING -> ACTIVE, its weights never
+        left). False when it cannot: not draining, already gone, or drained before its load finished."""
+        now_s = self.now_s if now_s is None else now_s
+        if not inst.is_draining or inst.executor is None or now_s < inst.ready_at_s:
+            return False
+        inst.is_draining = False
+        inst.is_ready = True
+        self.lifecycle_log.append((now_s, inst.instance_id, "resume", ""))
+        if self.dispatch is not None:
+            self.dispatch.on_instances_changed(inst.app, now_s)
+        return True
+
     def _remove(self, inst: SimInstance, now_s: float) -> None:
         executor = inst.executor
         if executor is None:

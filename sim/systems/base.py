@@ -84,7 +84,7 @@ class SystemRun:
         # apps warm in some host's memory
         self.warm_apps: set[int] = set(range(trace.num_apps)) if scenario.is_warm_at_start else set()
         self.counters: dict[str, int] = {"fork": 0, "warm_copy": 0, "remote_warm": 0, "cold_load": 0,
-                                         "preloaded": 0, "drained": 0}
+                                         "preloaded": 0, "drained": 0, "resumed": 0}
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load_path(self, app: int, device_ids: tuple[int, ...], now_s: float) -> tuple[str, float]:

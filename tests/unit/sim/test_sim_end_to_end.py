@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from sim.runner import SYSTEM_NAMES, ScenarioSpec, longest_first, run_many
+from sim.runner import EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, longest_first, run_many
 from sim.scenario import build_scenario
 from sim.systems.base import ControlPlane, SystemRun
 from sim.systems.static import StaticPartition
@@ -55,9 +55,9 @@ def test_rejections_are_kept_per_app_with_their_cause():
 @needs_traces
 def test_every_system_runs_the_same_small_scenario():
     spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96)
-    results = run_many(spec, list(SYSTEM_NAMES), processes=1)
+    results = run_many(spec, list(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES), processes=1)
     by_name = {r.system: r for r in results}
-    assert set(by_name) == set(SYSTEM_NAMES)
+    assert set(by_name) == set(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES)
     n = by_name["static"].summary.num_requests
     for r in results:
         s = r.summary
