@@ -85,6 +85,8 @@ class LifecycleCommand(Message):
     role: InstanceRole = InstanceRole.COLOCATED
     pool: Pool = Pool.STEADY
     fork_source: ForkSource | None = None
+    peer_worker_ids: tuple[str, ...] = Field(default=(), description="the other devices of a tensor-parallel "
+                                             "group: this worker leads the instance across them")
     plan_id: str = ""
     issued_unix_ms: float
     deadline_ms: float = Field(default=60_000, gt=0, description="the worker gives up after this long")

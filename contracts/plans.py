@@ -48,6 +48,8 @@ class ElasticTarget(Message):
     num_prefill: int = Field(ge=0)
     num_decode: int = Field(ge=0)
     desired_replicas: int = Field(ge=0, description="m* before the budget")
+    num_devices_per_instance: int = Field(default=1, ge=1, description="devices one instance takes (its "
+                                          "tensor-parallel group); the budget counts devices")
     prediction: ElasticityPrediction | None = None
     reason: str = ""
 

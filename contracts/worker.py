@@ -74,6 +74,8 @@ class InstanceStatus(Message):
     decode_tokens_per_s: float | None = None
     weight_segments: tuple[WeightSegment, ...] = ()
     host_copy: HostCopy | None = Field(default=None, description="while WARM: the host copy peers may pull")
+    peer_worker_ids: tuple[str, ...] = Field(default=(), description="a tensor-parallel instance's other devices "
+                                             "(the lead worker reports it; those devices hold it too)")
 
 
 class PageCounters(Message):

@@ -19,7 +19,7 @@ from runtime.metrics import REGISTRY
 
 from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
 from .core.api import ChatBody, CompletionBody, field_of
-from .core.errors import ApiError, error_body
+from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
 from .core.responses import Completion, chunk_body, final_body, usage_chunk
 
@@ -74,7 +74,7 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -91,7 +91,8 @@ def create_app(backend: Backend) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ErrorCode.UNKNOWN_MODEL if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
-        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code)
+        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
+                            headers=retry_headers(exc.status_code))
 
     @app.middleware("http")
     async def _limit_size(request: Request, call_next):
@@ -130,7 +131,7 @@ def create_app(backend: Backend) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway completions"):
             req = admit_completion(body, model, _envelope(backend, tenant))
-            return await _admitted(backend, request, req, "completion", body.stream, _usage_wanted(body),
+            return await _admitted(backend, request, model, req, "completion", body.stream, _usage_wanted(body),
                                    bool(body.logprobs))
 
     @app.post("/v1/chat/completions")
@@ -139,7 +140,8 @@ def create_app(backend: Backend) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
             req = admit_chat(body, model, _envelope(backend, tenant))
-            return await _admitted(backend, request, req, "chat", body.stream, _usage_wanted(body), body.logprobs)
+            return await _admitted(backend, request, model, req, "chat", body.stream, _usage_wanted(body),
+                                   body.logprobs)
 
     return app
 
@@ -154,15 +156,21 @@ def _envelope(backend: Backend, tenant: str) -> Envelope:
                     reply_subject=backend.reply_subject(request_id), traceparent=backend.current_traceparent())
 
 
-async def _admitted(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
-                    include_usage: bool, want_logprobs: bool):
-    """Hold a tenant slot (rate and concurrency) for as long as the request runs, streams included."""
+async def _admitted(backend: Backend, request: Request, model: ServedModel, req: GenerateRequest, kind: str,
+                    stream: bool, include_usage: bool, want_logprobs: bool):
+    """Hold a tenant slot (rate and concurrency) for as long as the request runs, streams included. A refusal
+    (429) or a failure before the first byte that means "not now" (503) tells the client when to come back
+    (Retry-After: docs/operations.md)."""
     refusal = backend.limiter.try_acquire(req.tenant, time.monotonic())
     if refusal is not None:
-        raise ApiError(ErrorCode.RATE_LIMITED, refusal)
+        raise ApiError(ErrorCode.RATE_LIMITED, refusal, retry_after_s=backend.limiter.retry_after_s(req.tenant))
     releases = [lambda: backend.limiter.release(req.tenant)]
     try:
         return await _respond(backend, request, req, kind, stream, include_usage, want_logprobs, releases)
+    except ApiError as exc:
+        if exc.retry_after_s is None:
+            exc.retry_after_s = retry_after_for_model(model.ttft_slo_ms)
+        raise
     finally:
         for release in releases:  # emptied by a stream, which releases when it ends
             release()

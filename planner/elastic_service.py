@@ -17,16 +17,13 @@ from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
-from .core.elastic import ElasticScaler
+from .core.fleet_state import elastic_budget_devices, elastic_models_of, in_flight_by_model, reported
+from .core.elastic import ElasticScaler, plan_decision
 from .core.oracle_port import OracleAnswerError
 from .core.policy import PlannerPolicy
 from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, publish_event
 
 log = logging.getLogger("janus.planner.elastic")
-
-
-def _decision_of(plan: ElasticPlan) -> tuple:
-    return (plan.budget_devices, tuple((t.model, t.num_prefill, t.num_decode) for t in plan.targets))
 
 
 class ElasticScalerService(Service):
@@ -93,8 +90,10 @@ class ElasticScalerService(Service):
         if self.steady_plan is None:
             return None  # which models are elastic, and what the steady pool leaves, come with a steady plan
         now = now_ms()
-        budget = max(0, len(self.workers.alive(now)) - len(self.steady_plan.bins))
-        elastic_models = list(self.steady_plan.elastic_models)
+        instances = reported(self.workers.heartbeats(now))
+        budget = elastic_budget_devices(self.workers.alive(now), self.steady_plan, instances)
+        in_flight = in_flight_by_model(instances)
+        elastic_models = elastic_models_of(self.steady_plan, [m.name for m in self.cluster.models])
         windows, self._windows = self._windows, []
         core = self.core
 
@@ -102,7 +101,7 @@ class ElasticScalerService(Service):
             for w in windows:
                 core.observe(w)
             t0 = time.perf_counter()
-            decision = core.tick(now, elastic_models, budget)
+            decision = core.tick(now, elastic_models, budget, in_flight=in_flight)
             return decision, (time.perf_counter() - t0) * 1e3
 
         try:
@@ -113,7 +112,7 @@ class ElasticScalerService(Service):
             return None
         self.num_ticks += 1
         plan = decision.plan.model_copy(update={"decision_ms": decision_ms})
-        is_changed = self.last_published is None or _decision_of(plan) != _decision_of(self.last_published)
+        is_changed = self.last_published is None or plan_decision(plan) != plan_decision(self.last_published)
         if not is_changed and now - self._last_published_ms < self.policy.elastic_republish_s * 1000.0:
             return None
         await publish_event(self.bus, subjects.PLAN_ELASTIC, plan)

@@ -5,11 +5,12 @@ import time
 
 from pydantic import BaseModel
 
-from contracts import ModelState, Pool, WorkerHeartbeat, subjects
+from contracts import WorkerHeartbeat, subjects
 from runtime import tracing
 from runtime.bus import Bus
 from runtime.jetstream import ensure_stream
 
+from .core.cluster_view import worker_order
 from .metrics import observe_event
 
 
@@ -19,22 +20,24 @@ def now_ms() -> float:
 
 
 class WorkerLiveness:
-    """Which workers beat recently (by our receipt time), and which host elastic instances."""
+    """Which workers beat recently (by our receipt time), and their last heartbeats."""
 
     def __init__(self, timeout_ms: float) -> None:
         self.timeout_ms = timeout_ms
         self._seen_ms: dict[str, float] = {}
-        self._elastic: dict[str, bool] = {}
+        self._heartbeats: dict[str, WorkerHeartbeat] = {}
 
     def on_heartbeat(self, hb: WorkerHeartbeat, at_ms: float) -> None:
         self._seen_ms[hb.worker_id] = at_ms
-        self._elastic[hb.worker_id] = any(
-            i.pool == Pool.ELASTIC and i.state == ModelState.ACTIVE for i in hb.instances)
+        self._heartbeats[hb.worker_id] = hb
 
     def alive(self, at_ms: float) -> list[str]:
-        """Live workers, those without elastic instances first (new steady devices take them first)."""
-        live = [w for w, t in self._seen_ms.items() if at_ms - t <= self.timeout_ms]
-        return sorted(live, key=lambda w: (self._elastic.get(w, False), w))
+        """Live workers, in natural order."""
+        return sorted((w for w, t in self._seen_ms.items() if at_ms - t <= self.timeout_ms), key=worker_order)
+
+    def heartbeats(self, at_ms: float) -> list[WorkerHeartbeat]:
+        """The last heartbeat of every live worker."""
+        return [self._heartbeats[w] for w in self.alive(at_ms)]
 
 
 async def ensure_plans_stream(bus: Bus, max_age_s: float) -> None:

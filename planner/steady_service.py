@@ -18,6 +18,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
 from .core.oracle_port import OracleAnswerError
+from .core.fleet_state import reported, steady_worker_order
 from .core.overflow import OverflowWatch
 from .core.policy import PlannerPolicy
 from .core.steady import SteadyPlanner
@@ -98,7 +99,7 @@ class SteadyPlannerService(Service):
     async def _plan_once(self, trigger: str) -> SteadyPlan | None:
         assert self.core is not None and self.bus is not None
         now = now_ms()
-        workers = self.workers.alive(now)
+        workers = steady_worker_order(self.workers.alive(now), self.last_plan, reported(self.workers.heartbeats(now)))
         if not workers:
             log.info("steady planner: no live worker yet, no plan")
             return None

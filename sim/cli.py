@@ -24,10 +24,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
                    ", ".join(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", type=Path, default=None, help="cluster YAML: Janus runs with its planner and "
+                   "dispatcher policies (default: the live defaults, as `janus config` prints them)")
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
     p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")
     p.add_argument("--out", default="artifacts/sim", help="folder for summary.json and figure.png")
     return p
+
+
+def run_policy(config: Path | None) -> dict:
+    """The policies Janus runs with, in the shape `janus config` prints them: the cluster YAML's, or the defaults
+    the live services run with (one source of defaults)."""
+    from runtime.effective import effective_policies, load_cluster
+    from runtime.settings import ClusterConfig
+
+    return effective_policies(load_cluster(config) if config else ClusterConfig())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    policy = run_policy(args.config)
     spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
                         duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
-                        device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed)
+                        device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy)
     console = Console() if Console().is_terminal else Console(width=170)
     trace = spec.build_trace()
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "
@@ -74,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         return 1
     print_tables(results, console)
-    meta = dict(vars(args), wall_s=wall_s, num_requests=trace.num_requests)
+    meta = dict(vars(args), config=str(args.config) if args.config else None, wall_s=wall_s,
+                num_requests=trace.num_requests, policy=policy)
     paths = write_outputs(results, Path(args.out), meta)
     console.print(f"{wall_s:.0f} s in all; wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0

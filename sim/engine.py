@@ -75,6 +75,9 @@ class Sim:
         self.on_done: Callable[[int, float], None] | None = None
         self._next_instance = 0
         self.lifecycle_log: list[tuple[float, str, str, str]] = []  # (time, instance, event, detail)
+        # told of every instance that became ready or left (a fleet port reports them to the reconciler)
+        self.on_ready: list[Callable[[SimInstance, float], None]] = []
+        self.on_removed: list[Callable[[SimInstance, float], None]] = []
 
     # ------------------------------------------------------------------------------------------------ clock
     def _push(self, time_s: float, kind: int, a, b=None) -> None:
@@ -165,10 +168,10 @@ class Sim:
         return len(self.executor_of_device)
 
     def launch(self, app: int, role: str, pool: str, device_ids: tuple[int, ...], cost: StepCost, load_s: float,
-               via: str = "", now_s: float | None = None) -> SimInstance:
+               via: str = "", now_s: float | None = None, instance_id: str | None = None) -> SimInstance:
         """Place a new instance of `app` on `device_ids` (one device for a steady-pool instance, which may share
         it; a whole tensor-parallel group otherwise). It becomes ready after `load_s` (the lifecycle's load
-        time by the path `via`)."""
+        time by the path `via`). `instance_id`: the control plane's name for it (default: a fresh one)."""
         now_s = self.now_s if now_s is None else now_s
         if len(device_ids) != cost.tp:
             raise ValueError(f"app {app}: {len(device_ids)} devices for tp={cost.tp}")
@@ -183,8 +186,11 @@ class Sim:
         elif executor.device_ids != tuple(device_ids):
             raise ValueError(f"devices {device_ids} split an existing group {executor.device_ids}")
         self._next_instance += 1
-        inst = SimInstance(f"i{self._next_instance}-a{app}-{role[0]}", app, role, pool, cost, self.table,
-                           worker_id=f"w{device_ids[0]}")
+        if instance_id is None:
+            instance_id = f"i{self._next_instance}-a{app}-{role[0]}"
+        elif instance_id in self.instances:
+            raise ValueError(f"instance {instance_id} exists")
+        inst = SimInstance(instance_id, app, role, pool, cost, self.table, worker_id=f"w{device_ids[0]}")
         inst.created_s = now_s
         inst.ready_at_s = now_s + load_s
         executor.add(inst)
@@ -234,14 +240,23 @@ class Sim:
                 del self.executor_of_device[d]
         self.devices_log.record(now_s, len(self.executor_of_device))
         self.lifecycle_log.append((now_s, inst.instance_id, "removed", ""))
+        for listener in self.on_removed:
+            listener(inst, now_s)
 
     def _ready(self, inst: SimInstance, now_s: float) -> None:
-        if inst.is_draining or inst.executor is None:
-            return
+        if inst.is_draining or inst.executor is None or inst.is_ready:
+            return  # drained while loading, or made ready already (ready_now)
         inst.is_ready = True
         self.lifecycle_log.append((now_s, inst.instance_id, "ready", ""))
         if self.dispatch is not None:
             self.dispatch.on_instances_changed(inst.app, now_s)
+        for listener in self.on_ready:
+            listener(inst, now_s)
+
+    def ready_now(self, inst: SimInstance, now_s: float) -> None:
+        """Make a just-launched instance ready at once (a placement that was there before the run started)."""
+        inst.ready_at_s = min(inst.ready_at_s, now_s)
+        self._ready(inst, now_s)
 
     # ------------------------------------------------------------------------------------------------ requests
     def assign(self, inst: SimInstance, request: int, now_s: float, decode: SimInstance | None = None) -> None:

@@ -80,6 +80,12 @@ def elastic_decision(plan) -> dict:
     return {t.model: [t.num_prefill, t.num_decode] for t in plan.targets}
 
 
+def reconcile_decision(effects) -> list[list]:
+    """The commands a reconciliation sent: instance, action, worker, the group's other devices, fork source."""
+    return [[c.instance_id, c.action.value, c.worker_id, list(c.peer_worker_ids),
+             c.fork_source.instance_id if c.fork_source else None] for c in effects.commands]
+
+
 def _request_args(request: DispatchRequest) -> dict:
     d = dataclasses.asdict(request)
     d.pop("source", None)
@@ -185,11 +191,69 @@ class RecordingPlanner:
                           steady_decision(decision.plan))
         return decision
 
-    def tick(self, now_ms: float, elastic_models, budget_devices: int):
-        decision = self.planner.tick(now_ms, elastic_models, budget_devices)
+    def tick(self, now_ms: float, elastic_models, budget_devices: int, *, devices_per_instance=None,
+             in_flight=None):
+        decision = self.planner.tick(now_ms, elastic_models, budget_devices,
+                                     devices_per_instance=devices_per_instance, in_flight=in_flight)
         self.recorder.add("elastic", "tick", {"now_ms": now_ms, "models": list(elastic_models),
-                                              "budget_devices": budget_devices}, elastic_decision(decision.plan))
+                                              "budget_devices": budget_devices,
+                                              "devices_per_instance": dict(devices_per_instance or {}),
+                                              "in_flight": dict(in_flight or {})}, elastic_decision(decision.plan))
         return decision
+
+
+class RecordingReconciler:
+    """Wraps a planner.core.Reconciler: every input (plans, heartbeats, records, replies, ticks) recorded, and the
+    commands each reconciliation sent. A heartbeat that is the worker's last one again (liveness only) is recorded
+    as such, without its body."""
+
+    def __init__(self, core, recorder: Recorder):
+        self.core = core
+        self.recorder = recorder
+        self._last: dict[str, object] = {}
+
+    def __getattr__(self, attr):
+        return getattr(self.core, attr)
+
+    def _effects(self, call: str, args: dict, effects):
+        self.recorder.add("reconciler", call, args, reconcile_decision(effects))
+        return effects
+
+    def on_steady_plan(self, now_ms: float, plan):
+        return self._effects("on_steady_plan", {"now_ms": now_ms, "plan": plan.model_dump(mode="json")},
+                             self.core.on_steady_plan(now_ms, plan))
+
+    def on_elastic_plan(self, now_ms: float, plan):
+        return self._effects("on_elastic_plan", {"now_ms": now_ms, "plan": plan.model_dump(mode="json")},
+                             self.core.on_elastic_plan(now_ms, plan))
+
+    def on_tick(self, now_ms: float):
+        return self._effects("on_tick", {"now_ms": now_ms}, self.core.on_tick(now_ms))
+
+    def observe_heartbeat(self, now_ms: float, hb) -> None:
+        self.core.observe_heartbeat(now_ms, hb)
+        if self._last.get(hb.worker_id) is hb:
+            self.recorder.add("reconciler", "observe_heartbeat", {"now_ms": now_ms, "same_as_last": hb.worker_id})
+            return
+        self._last[hb.worker_id] = hb
+        self.recorder.add("reconciler", "observe_heartbeat", {"now_ms": now_ms, "heartbeat": hb.model_dump(mode="json")})
+
+    def observe_alive(self, now_ms: float, worker_ids) -> None:
+        worker_ids = list(worker_ids)
+        self.core.observe_alive(now_ms, worker_ids)
+        self.recorder.add("reconciler", "observe_alive", {"now_ms": now_ms, "worker_ids": worker_ids})
+
+    def observe_record(self, record) -> None:
+        self.core.observe_record(record)
+        self.recorder.add("reconciler", "observe_record", {"record": record.model_dump(mode="json")})
+
+    def observe_record_deleted(self, instance_id: str) -> None:
+        self.core.observe_record_deleted(instance_id)
+        self.recorder.add("reconciler", "observe_record_deleted", {"instance_id": instance_id})
+
+    def observe_reply(self, now_ms: float, reply) -> None:
+        self.core.observe_reply(now_ms, reply)
+        self.recorder.add("reconciler", "observe_reply", {"now_ms": now_ms, "reply": reply.model_dump(mode="json")})
 
 
 # ---------------------------------------------------------------------------------------------- replay
@@ -231,15 +295,17 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
     """Feed every recorded input to fresh cores built from the header; compare each decision with the recorded
     one. `prefill_time`: the dispatcher's PrefillTimeModel (default: rebuilt from the header)."""
     from dispatcher.core import DispatcherCore
-    from planner.core import ElasticPolicy, ElasticScaler, PoolPolicy, SteadyPlanner, SteadyPolicy
+    from planner.core import ElasticScaler, PlannerPolicy, Reconciler, SteadyPlanner
 
     config = header["config"]
     policy = DispatchPolicy.model_validate(config["dispatch_policy"])
     prefill_time = prefill_time or prefill_time_from_config(config["prefill_time"])
     oracle = ReplayOracle(lines)
-    steady = SteadyPlanner(oracle, SteadyPolicy.model_validate(config.get("steady_policy", {})),
-                           PoolPolicy.model_validate(config.get("pool_policy", {})))
-    scaler = ElasticScaler(oracle, ElasticPolicy.model_validate(config.get("elastic_policy", {})))
+    planner = PlannerPolicy.model_validate(config.get("planner_policy", {}))
+    steady = SteadyPlanner(oracle, planner.steady, planner.pool)
+    scaler = ElasticScaler(oracle, planner.elastic)
+    reconciler = Reconciler(planner.reconciler)
+    heartbeats: dict[str, WorkerHeartbeat] = {}
     cores: dict[str, DispatcherCore] = {}
     mismatches: list[str] = []
     num_decisions = 0
@@ -269,7 +335,13 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
             got = steady_decision(steady.plan(args["now_ms"], args["models"], args["worker_ids"],
                                               args["trigger"]).plan)
         elif core == "elastic" and call == "tick":
-            got = elastic_decision(scaler.tick(args["now_ms"], args["models"], args["budget_devices"]).plan)
+            got = elastic_decision(scaler.tick(args["now_ms"], args["models"], args["budget_devices"],
+                                               devices_per_instance=args.get("devices_per_instance"),
+                                               in_flight=args.get("in_flight")).plan)
+        elif core == "reconciler":
+            got = _replay_reconciler(reconciler, heartbeats, call, args)
+            if got is None:
+                continue
         elif core == "oracle":
             continue
         else:
@@ -278,6 +350,38 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
         if got != line["decision"]:
             mismatches.append(f"#{line['seq']} {core}.{call}: recorded {line['decision']!r}, replayed {got!r}")
     return ReplayReport(len(lines), num_decisions, mismatches + oracle.mismatches)
+
+
+def _replay_reconciler(reconciler, heartbeats: dict, call: str, args: dict) -> list | None:
+    """One recorded reconciler call on a fresh core: the commands it sends, or None for an input without a
+    decision."""
+    from contracts import ElasticPlan, LifecycleReply, SteadyPlan
+
+    if call == "observe_alive":
+        reconciler.observe_alive(args["now_ms"], args["worker_ids"])
+    elif call == "observe_heartbeat":
+        if "same_as_last" in args:
+            hb = heartbeats[args["same_as_last"]]
+        else:
+            hb = WorkerHeartbeat.model_validate(args["heartbeat"])
+            heartbeats[hb.worker_id] = hb
+        reconciler.observe_heartbeat(args["now_ms"], hb)
+    elif call == "observe_record":
+        reconciler.observe_record(InstanceRecord.model_validate(args["record"]))
+    elif call == "observe_record_deleted":
+        reconciler.observe_record_deleted(args["instance_id"])
+    elif call == "observe_reply":
+        reconciler.observe_reply(args["now_ms"], LifecycleReply.model_validate(args["reply"]))
+    elif call == "on_steady_plan":
+        return reconcile_decision(reconciler.on_steady_plan(args["now_ms"], SteadyPlan.model_validate(args["plan"])))
+    elif call == "on_elastic_plan":
+        return reconcile_decision(reconciler.on_elastic_plan(args["now_ms"],
+                                                             ElasticPlan.model_validate(args["plan"])))
+    elif call == "on_tick":
+        return reconcile_decision(reconciler.on_tick(args["now_ms"]))
+    else:
+        raise ValueError(f"unknown reconciler call {call!r}")
+    return None
 
 
 def _heartbeat(args: dict) -> WorkerHeartbeat:

@@ -16,19 +16,32 @@ from .systems.base import ControlPlane, SystemRun
 from .trace import Trace
 
 
-def _systems() -> dict[str, Callable[[], ControlPlane]]:
+def janus_policies(policy: dict | None = None) -> tuple:
+    """(PlannerPolicy, DispatchPolicy) of the simulated Janus: `policy` as `janus config` prints it
+    ({"planner": {...}, "dispatcher": {...}}, either optional), else the live defaults."""
+    from dispatcher.core import DispatchPolicy
+    from planner.core import PlannerPolicy
+
+    policy = policy or {}
+    return PlannerPolicy(**policy.get("planner", {})), DispatchPolicy(**policy.get("dispatcher", {}))
+
+
+def _systems(policy: dict | None = None) -> dict[str, Callable[[], ControlPlane]]:
     from .systems.baselines import BlitzScaleLike, PrismLike
     from .systems.janus import JanusControl
     from .systems.static import StaticPartition
 
+    planner, dispatch = janus_policies(policy)
+    no_resume = planner.model_copy(update={"reconciler": planner.reconciler.model_copy(
+        update={"resumes_draining": False})})
     return {
-        "janus": lambda: JanusControl("both"),
+        "janus": lambda: JanusControl("both", planner, dispatch),
         "static": lambda: StaticPartition(),
         "prism-like": lambda: PrismLike(),
         "blitzscale-like": lambda: BlitzScaleLike(),
-        "steady-only": lambda: JanusControl("steady_only"),
-        "elastic-only": lambda: JanusControl("elastic_only"),
-        "janus-no-resume": lambda: JanusControl("both", name="janus-no-resume", resumes_draining=False),
+        "steady-only": lambda: JanusControl("steady_only", planner, dispatch),
+        "elastic-only": lambda: JanusControl("elastic_only", planner, dispatch),
+        "janus-no-resume": lambda: JanusControl("both", no_resume, dispatch, name="janus-no-resume"),
     }
 
 
@@ -62,6 +75,7 @@ class ScenarioSpec:
     num_devices: int = 768
     mix: str = "default"  # scenario.TIER_PRESETS
     seed: int = 0
+    policy: dict | None = None  # Janus's policies as `janus config` prints them (None: the live defaults)
 
     def build_trace(self) -> Trace:
         if self.trace == "servegen":
@@ -105,7 +119,7 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
-    control = _systems()[system]()
+    control = _systems(spec.policy)[system]()
     run = SystemRun(scenario, control)
     n = scenario.trace.num_requests
     cpu0 = time.process_time()

@@ -274,6 +274,8 @@ class WorkerService(Service):
         self.wake_engines()
         deadline = started + timeout_s
         while (inst.in_flight or inst.reservations) and time.monotonic() < deadline:
+            if inst.resume_requested.is_set():  # wanted again: what runs keeps running, nothing is failed
+                return {"drain_ms": (time.monotonic() - started) * 1e3}
             await asyncio.sleep(0.02)
         for track in list(inst.in_flight.values()):
             if inst.engine is not None:

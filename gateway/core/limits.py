@@ -51,6 +51,16 @@ class TenantLimiter:
         bucket.in_flight += 1
         return None
 
+    def retry_after_s(self, tenant: str) -> float | None:
+        """After a refusal by try_acquire: seconds until the tenant's bucket holds a request again (its refill
+        time, as of that refusal); None when only the concurrency cap refuses, whose slots free up when requests
+        end, which nobody can foresee."""
+        lim = self.limits_of(tenant)
+        bucket = self._buckets.get(tenant)
+        if bucket is None or lim.rate_rps is None or bucket.tokens >= 1.0:
+            return None
+        return (1.0 - bucket.tokens) / lim.rate_rps
+
     def release(self, tenant: str) -> None:
         bucket = self._buckets.get(tenant)
         if bucket is not None and bucket.in_flight > 0:

@@ -1,25 +1,44 @@
 """What the reconciler knows of the cluster: worker liveness and instances (heartbeats), and the instance registry
-(the `instances` KV bucket). Pure bookkeeping; time is passed in."""
+(the `instances` KV bucket). Pure bookkeeping; time is passed in.
+
+Indexed as inputs arrive, not per question: the reconciler asks on every tick, and a fleet of hundreds of workers
+(the simulator's 768 devices, a production fleet) would otherwise rebuild every map each time. A heartbeat that is
+the same object as the worker's last one only refreshes its liveness."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from typing import NamedTuple
 
-from contracts import ForkSource, InstanceRecord, InstanceStatus, ModelState, WorkerHeartbeat
+from contracts import ForkSource, InstanceRecord, InstanceStatus, ModelState, Pool, WorkerHeartbeat
 
 # States in which an instance holds (or is about to hold) device pages and so must be removed when not wanted.
 RESIDENT_STATES = frozenset(
     {ModelState.LOADING, ModelState.WAKING, ModelState.FORKING, ModelState.VERIFYING, ModelState.ACTIVE}
 )
+# ...and with DRAINING: states in which an instance occupies its devices. A device with one takes no new model's
+# instance until it is gone (the newcomer's weights need its pages, and a drain shares the device's time).
+OCCUPYING_STATES = RESIDENT_STATES | {ModelState.DRAINING}
 
 
-@dataclass(frozen=True)
-class SeenInstance:
+def worker_order(worker_id: str) -> tuple:
+    """Natural order of worker ids: w2 before w10 (devices in their physical order)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", worker_id))
+
+
+class SeenInstance(NamedTuple):
+    """An instance as a heartbeat reports it (a tuple: a fleet's heartbeats make hundreds a second)."""
+
     worker_id: str
     status: InstanceStatus
 
     @property
     def load(self) -> int:
         return self.status.num_waiting + self.status.num_running
+
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        """Every device it holds: the lead worker that reports it, then a tensor-parallel group's others."""
+        return (self.worker_id, *self.status.peer_worker_ids)
 
 
 class ClusterView:
@@ -28,6 +47,20 @@ class ClusterView:
         self._last_seen_ms: dict[str, float] = {}
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
         self._records: dict[str, InstanceRecord] = {}
+        self._records_by_model: dict[str, dict[str, InstanceRecord]] = {}
+        # indexes of the latest heartbeats (of every worker, alive or not; queries filter by liveness)
+        self._seen: dict[str, SeenInstance] = {}
+        self._by_worker: dict[str, tuple[str, ...]] = {}  # worker -> the instance ids its heartbeat lists
+        self._warm: dict[str, set[str]] = {}  # worker -> models it holds WARM
+        self._draining: dict[str, SeenInstance] = {}
+        self._shape: dict[str, tuple] = {}  # worker -> what its heartbeat says of its instances, loads aside
+        self._ready_ids: set[str] = set()  # records that say ready
+        # Versions: `structure_version` moves when an instance appears, leaves or changes state (not when only its
+        # load counts change), `records_version` when a record changes. Derived maps are cached per version.
+        self.structure_version = 0
+        self.records_version = 0
+        self._cache: dict[tuple, object] = {}
+        self._ordered_workers: list[str] = []
 
     # -- inputs ------------------------------------------------------------------------------------------------
 
@@ -35,23 +68,75 @@ class ClusterView:
         prev = self._heartbeats.get(hb.worker_id)
         if prev is not None and hb.seq < prev.seq and hb.sent_unix_ms <= prev.sent_unix_ms:
             return  # a reordered old heartbeat must not roll the worker's state back
-        self._heartbeats[hb.worker_id] = hb
         # Liveness by our own clock at receipt: other machines' clocks may be skewed.
         self._last_seen_ms[hb.worker_id] = now_ms
+        if hb is prev:
+            return
+        self._heartbeats[hb.worker_id] = hb
+        if prev is None:
+            self._ordered_workers = []  # a new worker: sorted again when asked
+        self._index(hb)
 
     def on_record(self, record: InstanceRecord) -> None:
+        old = self._records.get(record.instance_id)
+        if old is not None and old.model != record.model:
+            self._records_by_model.get(old.model, {}).pop(record.instance_id, None)
         self._records[record.instance_id] = record
+        self._records_by_model.setdefault(record.model, {})[record.instance_id] = record
+        if record.is_ready:
+            self._ready_ids.add(record.instance_id)
+        else:
+            self._ready_ids.discard(record.instance_id)
+        self.records_version += 1
 
     def on_record_deleted(self, instance_id: str) -> None:
-        self._records.pop(instance_id, None)
+        old = self._records.pop(instance_id, None)
+        if old is not None:
+            self._records_by_model.get(old.model, {}).pop(instance_id, None)
+            self._ready_ids.discard(instance_id)
+            self.records_version += 1
+
+    def _index(self, hb: WorkerHeartbeat) -> None:
+        wid = hb.worker_id
+        for iid in self._by_worker.get(wid, ()):
+            s = self._seen.get(iid)
+            if s is not None and s.worker_id == wid:
+                del self._seen[iid]
+                self._draining.pop(iid, None)
+        for st in hb.instances:
+            seen = self._seen[st.instance_id] = SeenInstance(wid, st)
+            if st.state == ModelState.DRAINING:
+                self._draining[st.instance_id] = seen
+        self._by_worker[wid] = tuple(st.instance_id for st in hb.instances)
+        shape = tuple((st.instance_id, st.model, st.role, st.pool, st.state, st.peer_worker_ids)
+                      for st in hb.instances)
+        if shape != self._shape.get(wid):
+            self._shape[wid] = shape
+            self._warm[wid] = {st.model for st in hb.instances if st.state == ModelState.WARM}
+            self.structure_version += 1
+            self._cache.clear()
 
     # -- queries -----------------------------------------------------------------------------------------------
 
     def last_seen_ms(self, worker_id: str) -> float:
         return self._last_seen_ms.get(worker_id, float("-inf"))
 
+    def on_alive(self, now_ms: float, worker_ids) -> None:
+        """Workers heard from again with nothing new to say: their last heartbeat stands (a batch of liveness, as a
+        shell that sees unchanged heartbeats may report them)."""
+        seen = self._last_seen_ms
+        for w in worker_ids:
+            if w in seen:
+                seen[w] = now_ms
+
     def alive_workers(self, now_ms: float) -> set[str]:
         return {w for w, t in self._last_seen_ms.items() if now_ms - t <= self.heartbeat_timeout_ms}
+
+    def ordered_workers(self, alive: set[str]) -> list[str]:
+        """The live workers in natural order."""
+        if len(self._ordered_workers) != len(self._heartbeats):
+            self._ordered_workers = sorted(self._heartbeats, key=worker_order)
+        return [w for w in self._ordered_workers if w in alive]
 
     def is_ready(self, instance_id: str, alive: set[str]) -> bool:
         rec = self._records.get(instance_id)
@@ -63,21 +148,81 @@ class ClusterView:
     def records(self) -> list[InstanceRecord]:
         return list(self._records.values())
 
-    def seen(self, alive: set[str]) -> dict[str, SeenInstance]:
-        """Every instance the heartbeats of live workers report, by instance id."""
-        out: dict[str, SeenInstance] = {}
-        for wid in sorted(alive):
-            hb = self._heartbeats.get(wid)
-            for st in hb.instances if hb else ():
-                out[st.instance_id] = SeenInstance(wid, st)
+    def _all_alive(self, alive: set[str]) -> bool:
+        return len(alive) == len(self._heartbeats)  # the live workers are some of those heard from
+
+    def alive_key(self, alive: set[str]) -> frozenset | None:
+        """What a cache of answers for `alive` is keyed by: None when every worker heard from is alive."""
+        return None if self._all_alive(alive) else frozenset(alive)
+
+    def ready_ids(self, alive: set[str]) -> set[str]:
+        """Instances whose record says ready, on live workers (a shared set: do not mutate)."""
+        if self._all_alive(alive):
+            return self._ready_ids
+        return self._cached("ready", alive, lambda: {i for i in self._ready_ids if self._records[i].worker_id in alive},
+                            self.records_version)
+
+    def draining(self, alive: set[str]) -> dict[str, SeenInstance]:
+        return {i: s for i, s in self._draining.items() if s.worker_id in alive}
+
+    def _cached(self, name: str, alive: set[str], build, version: int | None = None):
+        """`build()` once per version of the indexes and set of live workers (shared: callers must not mutate).
+        Instances' load counts in what is cached may be older than the latest heartbeat."""
+        key = (name, self.structure_version if version is None else version, self.alive_key(alive))
+        out = self._cache.get(key)
+        if out is None:
+            if len(self._cache) > 64:  # liveness changing with no heartbeat change: keep the cache small
+                self._cache.clear()
+            out = self._cache[key] = build()
         return out
 
+    def seen(self, alive: set[str]) -> dict[str, SeenInstance]:
+        """Every instance the heartbeats of live workers report, by instance id (a shared map: do not mutate)."""
+        if self._all_alive(alive):
+            return self._seen
+        return self._cached("seen", alive, lambda: {i: s for i, s in self._seen.items() if s.worker_id in alive})
+
     def resident(self, alive: set[str]) -> dict[str, SeenInstance]:
-        return {iid: s for iid, s in self.seen(alive).items() if s.status.state in RESIDENT_STATES}
+        return self._cached("resident", alive, lambda: {
+            i: s for i, s in self.seen(alive).items() if s.status.state in RESIDENT_STATES})
+
+    def elastic_instances(self, alive: set[str]) -> dict[str, SeenInstance]:
+        """The elastic pool's instances that occupy their devices (loading, serving, draining)."""
+        return self._cached("elastic", alive, lambda: {
+            i: s for i, s in self.seen(alive).items()
+            if s.status.pool == Pool.ELASTIC and s.status.state in OCCUPYING_STATES})
+
+    def occupied_workers(self, alive: set[str]) -> set[str]:
+        """Workers some instance occupies (loading, serving or draining), tensor-parallel groups' every device."""
+        def build() -> set[str]:
+            return {w for s in self.seen(alive).values() if s.status.state in OCCUPYING_STATES for w in s.worker_ids}
+        return self._cached("occupied", alive, build)
+
+    def instance_on(self, worker_id: str, model: str, role, pool, alive: set[str]) -> str | None:
+        """The id of an instance of `model` in `role` and `pool` on `worker_id`: one its heartbeat reports (not
+        failed or cold), else one whose record says ready there."""
+        if worker_id not in alive:
+            return None
+        found = None
+        for iid in self._by_worker.get(worker_id, ()):
+            s = self._seen.get(iid)
+            st = s.status if s is not None else None
+            if (st is not None and st.model == model and st.role == role and st.pool == pool
+                    and st.state not in (ModelState.FAILED, ModelState.COLD)):
+                found = iid
+        if found is not None:
+            return found
+        for iid, rec in self._records_by_model.get(model, {}).items():
+            if rec.is_ready and rec.worker_id == worker_id and rec.role == role and rec.pool == pool:
+                return iid
+        return None
 
     def warm_models(self, worker_id: str) -> set[str]:
-        hb = self._heartbeats.get(worker_id)
-        return {st.model for st in hb.instances if st.state == ModelState.WARM} if hb else set()
+        return self._warm.get(worker_id, set())
+
+    def warm_index(self) -> dict[str, set[str]]:
+        """Worker -> the models it holds WARM (a shared map: do not mutate)."""
+        return self._warm
 
     def heartbeat(self, worker_id: str) -> WorkerHeartbeat | None:
         return self._heartbeats.get(worker_id)
@@ -88,33 +233,30 @@ class ClusterView:
         publishes a transfer session and the replica's weight segments, least loaded first. Without one, a WARM
         instance's host copy offered by another live worker (a remote warm pull, faster than the disk): never one on
         `target_worker`, which would wake its own."""
-        seen = self.seen(alive)
         best: tuple[int, str, ForkSource] | None = None
-        for iid, rec in self._records.items():
-            if rec.model != model or iid in exclude_ids or not self.is_ready(iid, alive):
+        for iid, rec in self._records_by_model.get(model, {}).items():
+            if iid in exclude_ids or not rec.is_ready or rec.worker_id not in alive:
                 continue
-            s = seen.get(iid)
+            s = self._seen.get(iid)
             hb = self._heartbeats.get(rec.worker_id)
-            if s is None or hb is None or not hb.transfer_session or not s.status.weight_segments:
+            if s is None or s.worker_id != rec.worker_id or hb is None or not hb.transfer_session:
                 continue
-            if s.status.state != ModelState.ACTIVE or hb.is_draining:
+            if not s.status.weight_segments or s.status.state != ModelState.ACTIVE or hb.is_draining:
                 continue
-            src = ForkSource(
-                worker_id=rec.worker_id,
-                instance_id=iid,
-                transfer_session=hb.transfer_session,
-                segments=s.status.weight_segments,
-            )
             key = (s.load, iid)
             if best is None or key < best[:2]:
+                src = ForkSource(worker_id=rec.worker_id, instance_id=iid, transfer_session=hb.transfer_session,
+                                 segments=s.status.weight_segments)
                 best = (s.load, iid, src)
         return best[2] if best else self._host_copy_source(model, alive, exclude_ids, target_worker)
 
     def _host_copy_source(self, model: str, alive: set[str], exclude_ids: set[str],
                           target_worker: str) -> ForkSource | None:
-        for wid in sorted(alive - {target_worker}):
-            hb = self._heartbeats.get(wid)
-            if hb is None or not hb.transfer_session or hb.is_draining:
+        for wid in self.ordered_workers(alive):
+            if wid == target_worker or wid not in alive or model not in self._warm.get(wid, ()):
+                continue
+            hb = self._heartbeats[wid]
+            if not hb.transfer_session or hb.is_draining:
                 continue
             for st in sorted(hb.instances, key=lambda st: st.instance_id):
                 if (st.model == model and st.state == ModelState.WARM and st.host_copy is not None
@@ -124,23 +266,30 @@ class ClusterView:
                                       base_offset_bytes=st.host_copy.base_offset_bytes)
         return None
 
-    def stale_records(self, now_ms: float) -> list[tuple[InstanceRecord, ModelState, str]]:
+    def stale_records(self, now_ms: float, alive: set[str] | None = None) -> list[tuple[InstanceRecord, ModelState, str]]:
         """Records that say ready but are not: the worker is dead, or a heartbeat sent after the record was
         written no longer shows the instance active. Returns (record, true state, why)."""
-        alive = self.alive_workers(now_ms)
+        alive = self.alive_workers(now_ms) if alive is None else alive
+        key = ("stale", self.structure_version, self.records_version, self.alive_key(alive))
+        if self._cache.get(key) == []:
+            return []  # nothing changed since the last look found nothing
         out = []
-        for rec in self._records.values():
-            if not rec.is_ready:
-                continue
+        for iid in self._ready_ids:
+            rec = self._records[iid]
             if rec.worker_id not in alive:
                 out.append((rec, ModelState.FAILED, f"worker {rec.worker_id} silent > {self.heartbeat_timeout_ms:.0f} ms"))
                 continue
             hb = self._heartbeats[rec.worker_id]
             if hb.sent_unix_ms <= rec.updated_unix_ms:
                 continue  # the heartbeat may predate the transition the record reports
-            st = next((s for s in hb.instances if s.instance_id == rec.instance_id), None)
+            s = self._seen.get(rec.instance_id)
+            st = s.status if s is not None and s.worker_id == rec.worker_id else None
             if st is None:
                 out.append((rec, ModelState.COLD, "the worker no longer reports this instance"))
             elif st.state != ModelState.ACTIVE:
                 out.append((rec, st.state, f"the worker reports it {st.state.value}"))
+        if not out:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = out
         return out

@@ -63,6 +63,11 @@ class Op:
     acked_ms: float | None = None
     retry_at_ms: float = 0.0
     is_fork_failed: bool = False  # a failed fork falls back to a plain activate on the retry
+    peer_worker_ids: tuple[str, ...] = ()  # a tensor-parallel group's other devices
+
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        return (self.worker_id, *self.peer_worker_ids)
 
     @property
     def is_up(self) -> bool:

@@ -1,19 +1,32 @@
-"""Desired state: the instances the current steady and elastic plans call for, each on a device.
+"""Desired state: the instances the current steady and elastic plans call for, each on a device (or a
+tensor-parallel group of devices).
 
 Steady plans name their devices. Elastic plans give counts; the placer puts them on the devices the steady pool
-leaves, sticky (an instance stays where it is while it is still wanted) and preferring a device that holds the model
-warm (a fast wake), then an empty one."""
+leaves, in this order of preference for each model and role:
+
+1. keep: an instance that is there already (or that the placer placed before and is still coming up) stays while
+   it is still wanted, ready and busy ones first;
+2. resume: a draining instance of the model in that role is admitted again (its weights never left) before
+   anything new is placed (`ReconcilerPolicy.resumes_draining`);
+3. place: a free device, preferring one that holds the model warm (a fast wake). A device an instance still
+   occupies (loading, serving or draining) is not free: its drain finishes first.
+
+When devices run short, the models most starved go first: a model with no instance at all, then the model furthest
+below its count as a share of it, then the busiest (by token rate). In a saturated fleet the devices that free up
+then go to a small model left with one instance before a big one a few short (a 14B model once sat at one instance
+for over a minute at 25 req/s when they went to the busiest, docs/bench/sim.md run 7)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from contracts import ElasticPlan, InstanceRole, Pool, SteadyPlan
+from contracts import ElasticPlan, InstanceRole, ModelState, Pool, SteadyPlan
+
+from .cluster_view import SeenInstance
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One desired instance."""
+class Slot(NamedTuple):
+    """One desired instance (a tuple: a large fleet's placement makes hundreds on every tick)."""
 
     instance_id: str
     model: str
@@ -21,6 +34,11 @@ class Slot:
     role: InstanceRole
     pool: Pool
     plan_id: str
+    peer_worker_ids: tuple[str, ...] = ()  # a tensor-parallel group's other devices
+
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        return (self.worker_id, *self.peer_worker_ids)
 
 
 def instance_id_for(model: str, worker_id: str, role: InstanceRole) -> str:
@@ -55,56 +73,113 @@ def elastic_role_counts(plan: ElasticPlan | None) -> dict[tuple[str, InstanceRol
     return out
 
 
+Key = tuple[str, InstanceRole]
+
+
 class ElasticPlacer:
     """Remembers where it put each elastic instance, so successive plans move as little as possible."""
 
-    def __init__(self) -> None:
+    def __init__(self, resumes_draining: bool = True) -> None:
+        self.resumes_draining = resumes_draining
         self._slots: dict[str, Slot] = {}
 
     def place(
         self,
         plan: ElasticPlan | None,
         free_workers: Iterable[str],
-        resident: Mapping[str, tuple[str, str, InstanceRole]],
+        instances: Mapping[str, SeenInstance],
+        ready: set[str],
+        occupied: set[str],
         warm_models: Mapping[str, set[str]],
         avoid: set[tuple[str, str]],
     ) -> tuple[dict[str, Slot], dict[str, int]]:
-        """Slots for `plan` on `free_workers` (alive, not steady). `resident`: instance id -> (worker, model,
-        role) of instances already on devices; `avoid`: (model, worker) pairs that failed recently. Returns the
-        slots and, per model, how many instances found no device."""
+        """Slots for `plan` on `free_workers` (alive, not in the steady plan, in order of preference).
+        `instances`: the elastic instances on live workers that occupy their devices (serving, loading, draining);
+        `ready`: the instances whose record says ready; `occupied`: every worker some instance occupies, of either
+        pool; `warm_models`: worker -> models it holds warm; `avoid`: (model, worker) pairs that failed recently.
+        Returns the slots and, per model, how many instances found no device."""
         free = list(dict.fromkeys(free_workers))
         free_set = set(free)
-        order = {w: i for i, w in enumerate(free)}
         counts = elastic_role_counts(plan)
         plan_id = plan.plan_id if plan else ""
+        tp = {t.model: t.num_devices_per_instance for t in plan.targets} if plan else {}
+        priority = {w.model: w.features.token_rate_tps for w in plan.loads} if plan else {}
         taken: set[str] = set()
         slots: dict[str, Slot] = {}
+        have: dict[Key, int] = {key: 0 for key in counts}
+
+        def usable(model: str, workers: tuple[str, ...]) -> bool:
+            return all(w in free_set and w not in taken and (model, w) not in avoid for w in workers)
+
+        def add(iid: str, model: str, role: InstanceRole, workers: tuple[str, ...]) -> None:
+            slots[iid] = Slot(iid, model, workers[0], role, Pool.ELASTIC, plan_id, workers[1:])
+            taken.update(workers)
+            have[(model, role)] += 1
+
+        # 1. keep: what runs (not draining), ready and busy first, then what the placer chose before and is not
+        # seen yet (iid, sort key, workers)
+        by_key: dict[Key, list[tuple[str, tuple, tuple[str, ...]]]] = {}
+        draining: dict[Key, list[tuple[str, tuple, tuple[str, ...]]]] = {}
+        for iid, seen in instances.items():
+            st = seen.status
+            key = (st.model, st.role)
+            if key not in counts:
+                continue
+            load = st.num_waiting + st.num_running
+            if st.state == ModelState.DRAINING:
+                draining.setdefault(key, []).append((iid, (-load, iid), seen.worker_ids))
+            else:
+                by_key.setdefault(key, []).append((iid, (iid not in ready, -load, iid), seen.worker_ids))
+        for iid, s in self._slots.items():
+            if iid not in instances and (s.model, s.role) in counts:
+                by_key.setdefault((s.model, s.role), []).append((iid, (True, 0, iid), s.worker_ids))
+        def take(candidates: dict[Key, list[tuple[str, tuple, tuple[str, ...]]]]) -> None:
+            for key in sorted(candidates):
+                for iid, _, workers in sorted(candidates[key], key=lambda c: c[1]):
+                    if have[key] >= counts[key]:
+                        break
+                    if usable(key[0], workers):
+                        add(iid, key[0], key[1], workers)
+
+        take(by_key)
+        # 2. resume: draining instances of a model and role still short, the busiest first (the furthest from
+        # leaving; the others free their devices sooner)
+        if self.resumes_draining:
+            take(draining)
+        # 3. place on free devices, the most starved model first
+        has_instance = {s.model for s in slots.values()}
+
+        def starved_first(key: Key) -> tuple:
+            return (key[0] in has_instance, have[key] / counts[key] if counts[key] else 1.0,
+                    -priority.get(key[0], 0.0), key)
+
+        available = [w for w in free if w not in occupied and w not in taken]
         unplaced: dict[str, int] = {}
-        # Keep first: what the placer chose before, then what already runs (e.g. after a reconciler restart).
-        previous = {iid: (s.worker_id, s.model, s.role) for iid, s in self._slots.items()}
-        candidates = {**resident, **previous}
-        for (model, role), count in sorted(counts.items()):
-            keep = [
-                (iid, w) for iid, (w, m, r) in sorted(candidates.items())
-                if m == model and r == role and w in free_set and (model, w) not in avoid and w not in taken
-            ]
-            for iid, w in keep[:count]:
-                slots[iid] = Slot(iid, model, w, role, Pool.ELASTIC, plan_id)
-                taken.add(w)
-        # Then fill shortfalls: a device with the model warm, then an empty one, then any other free one.
-        busy = {w for (w, _, _) in resident.values()}
-        for (model, role), count in sorted(counts.items()):
-            have = sum(1 for s in slots.values() if s.model == model and s.role == role)
-            ranked = sorted(
-                (w for w in free if w not in taken and (model, w) not in avoid),
-                key=lambda w: (model not in warm_models.get(w, set()), w in busy, order[w]),
-            )
-            for w in ranked[: count - have]:
-                iid = instance_id_for(model, w, role)
-                slots[iid] = Slot(iid, model, w, role, Pool.ELASTIC, plan_id)
-                taken.add(w)
-                have += 1
-            if have < count:
-                unplaced[model] = unplaced.get(model, 0) + count - have
+        for key in sorted(counts, key=starved_first):
+            model, role = key
+            size = max(1, tp.get(model, 1))
+            while have[key] < counts[key]:
+                group = _pick_group(available, model, size, warm_models, avoid)
+                if group is None:
+                    unplaced[model] = unplaced.get(model, 0) + counts[key] - have[key]
+                    break
+                for w in group:
+                    available.remove(w)
+                add(instance_id_for(model, group[0], role), model, role, group)
         self._slots = slots
         return slots, unplaced
+
+
+def _pick_group(available: list[str], model: str, size: int, warm_models: Mapping[str, set[str]],
+                avoid: set[tuple[str, str]]) -> tuple[str, ...] | None:
+    """`size` free devices for one instance: all of them warm with the model if enough are (a warm copy wakes it),
+    else the first ones in order (which keeps a group's devices together)."""
+    if len(available) < size:
+        return None
+    candidates = [w for w in available if (model, w) not in avoid] if avoid else available
+    if len(candidates) < size:
+        return None
+    warm = [w for w in candidates if model in warm_models.get(w, ())]
+    if len(warm) >= size:
+        return tuple(warm[:size])
+    return tuple(candidates[:size])

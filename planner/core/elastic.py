@@ -1,5 +1,7 @@
 """The elastic scaler (fast path, every 0.5 s): replica counts for the elastic models from the Elasticity
-predictions, within the devices the steady pool leaves, split into prefill and decode instances, debounced."""
+predictions, within the devices the steady pool leaves (in devices: a tensor-parallel instance takes its group),
+split into prefill and decode instances, debounced; a model with requests in flight or a recent arrival keeps one
+instance (keep-alive)."""
 from __future__ import annotations
 
 import math
@@ -71,6 +73,12 @@ def unpadded_counts(desired: Mapping[str, int], loads: Mapping[str, ModelLoadWin
     return out
 
 
+def plan_decision(plan: ElasticPlan) -> tuple:
+    """What a plan decides (its budget and counts): a plan whose decision equals the last one's changes nothing
+    downstream, so the scaler service publishes it only now and then, and the simulator does not deliver it."""
+    return (plan.budget_devices, tuple((t.model, t.num_prefill, t.num_decode) for t in plan.targets))
+
+
 @dataclass(frozen=True)
 class ElasticDecision:
     plan: ElasticPlan
@@ -78,8 +86,29 @@ class ElasticDecision:
     held_models: tuple[str, ...]
 
 
+def fit_to_budget(desired: Mapping[str, int], budget_devices: int, devices_per_instance: Mapping[str, int],
+                  priority: Mapping[str, float], floor: Mapping[str, int] | None) -> dict[str, int]:
+    """Instance counts within `budget_devices`, where an instance of model m takes `devices_per_instance[m]`
+    devices (its tensor-parallel group). Scaled in device units with `scale_to_budget` (proportional, each model
+    with traffic kept at one device if the budget allows, `floor` served first), then rounded down to whole groups;
+    a model left with no instance then gets one if a whole group is still free, most `priority` first."""
+    tp = {m: max(1, devices_per_instance.get(m, 1)) for m in desired}
+    wanted = {m: n * tp[m] for m, n in desired.items()}
+    if sum(wanted.values()) <= budget_devices:
+        return dict(desired)
+    floor_devices = {m: n * tp[m] for m, n in floor.items()} if floor is not None else None
+    allotted = scale_to_budget(wanted, budget_devices, priority=priority, floor=floor_devices)
+    out = {m: allotted[m] // tp[m] for m in desired}
+    left = budget_devices - sum(out[m] * tp[m] for m in out)
+    for m in sorted(desired, key=lambda m: (-priority.get(m, 0.0), m)):
+        if desired[m] > 0 and out[m] == 0 and tp[m] <= left:
+            out[m], left = 1, left - tp[m]
+    return out
+
+
 class ElasticScaler:
-    """Call `observe` with every load window and `tick(now_ms, elastic_models, budget_devices)` every period."""
+    """Call `observe` with every load window and `tick(now_ms, elastic_models, budget_devices, ...)` every
+    period."""
 
     def __init__(
         self,
@@ -97,6 +126,7 @@ class ElasticScaler:
         self._last_m: dict[str, int] = {}
         self._last_band_m: dict[str, int] = {}
         self._asked: dict[str, deque[tuple[float, int]]] = {}  # per model, (time, count) for scale_in_hold_s
+        self._last_arrival_ms: dict[str, float] = {}  # per model, the end of the last window with an arrival
         self._num_plans = 0
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
@@ -104,14 +134,23 @@ class ElasticScaler:
     def observe(self, window: ModelLoadWindow) -> None:
         """A dispatcher's load window (windows of several dispatchers add up)."""
         self._loads.observe(window)
+        if window.num_requests > 0:
+            last = self._last_arrival_ms.get(window.model, float("-inf"))
+            self._last_arrival_ms[window.model] = max(last, window.end_unix_ms)
 
     def load(self, model: str, now_ms: float | None = None) -> ModelLoadWindow | None:
         return self._loads.merged(model, now_ms)
 
-    def tick(self, now_ms: float, elastic_models: Sequence[str], budget_devices: int) -> ElasticDecision:
+    def tick(self, now_ms: float, elastic_models: Sequence[str], budget_devices: int, *,
+             devices_per_instance: Mapping[str, int] | None = None,
+             in_flight: Mapping[str, int] | None = None) -> ElasticDecision:
+        """One plan. `budget_devices`: what the steady pool leaves; `devices_per_instance`: each model's
+        tensor-parallel group (default 1); `in_flight`: per model, requests running or waiting at its instances
+        (the workers' heartbeats), for the keep-alive."""
         if budget_devices < 0:
             raise ValueError(f"budget_devices must be >= 0, got {budget_devices}")
         p = self.policy
+        tp = {m: max(1, (devices_per_instance or {}).get(m, 1)) for m in elastic_models}
         models = sorted(set(elastic_models))
         loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
         busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
@@ -121,13 +160,15 @@ class ElasticScaler:
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
+        kept_alive = self._keep_alive(now_ms, desired, loads, in_flight or {})
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
-        is_over = sum(desired.values()) > budget_devices
-        allotted = scale_to_budget(desired, budget_devices, priority=token_rate,
-                                   floor=unpadded_counts(desired, loads, p) if is_over else None)
+        wanted_devices = sum(n * tp[m] for m, n in desired.items())
+        is_over = wanted_devices > budget_devices
+        allotted = fit_to_budget(desired, budget_devices, tp, token_rate,
+                                 unpadded_counts(desired, loads, p) if is_over else None)
         is_scaled_down = allotted != desired
         busy_set = set(busy)
-        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (0, 0)
+        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (allotted[m], 0)
                for m in models}
 
         notes: list[str] = []
@@ -135,12 +176,12 @@ class ElasticScaler:
         applied = raw
         if p.is_debounced:
             applied, held = self._debouncer.step(raw)
-            if sum(num_devices(v) for v in applied.values()) > budget_devices:
+            if sum(num_devices(v) * tp[m] for m, v in applied.items()) > budget_devices:
                 # Holding old counts would overrun a budget that just shrank: the budget wins.
                 applied, held = raw, set()
                 self._debouncer.force(raw)
                 notes.append("budget shrank: applied without debounce")
-        used = sum(num_devices(v) for v in applied.values())
+        used = sum(num_devices(v) * tp[m] for m, v in applied.items())
         self._applied = dict(applied)
         targets = tuple(
             ElasticTarget(
@@ -148,16 +189,21 @@ class ElasticScaler:
                 num_prefill=applied[m][0],
                 num_decode=applied[m][1],
                 desired_replicas=desired[m],
+                num_devices_per_instance=tp[m],
                 prediction=searches[m].prediction if m in searches else None,
                 reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
-                                m in banded, m in held_up),
+                                m in banded, m in held_up, kept_alive.get(m, "")),
             )
             for m in models
         )
         if is_scaled_down:
-            notes.append(f"over budget: wanted {sum(desired.values())} devices, {budget_devices} left by steady pool")
+            notes.append(f"over budget: wanted {wanted_devices} devices, {budget_devices} left by steady pool")
         if held:
             notes.append(f"debounced: {', '.join(sorted(held))} held until two plans agree")
+        saturated = sorted(m for m, r in searches.items() if not r.is_reachable)
+        if saturated:
+            notes.append(f"target unreachable for {', '.join(saturated)}: kept at the count that maximises the "
+                         "bound")
         self._num_plans += 1
         plan = ElasticPlan(
             plan_id=f"{self._id_prefix}-{self._num_plans:06d}",
@@ -173,6 +219,28 @@ class ElasticScaler:
             is_observe_only=self.is_observe_only,
         )
         return ElasticDecision(plan, searches, tuple(sorted(held)))
+
+    def _keep_alive(self, now_ms: float, desired: dict[str, int], loads: Mapping[str, ModelLoadWindow],
+                    in_flight: Mapping[str, int]) -> dict[str, str]:
+        """A model the search sized at zero keeps one instance while requests of it run or wait (at its instances or
+        in a dispatcher's queue), and for `keepalive_s` after its last arrival: parking it earlier turns its next
+        requests away, or cuts the streams still running. Updates `desired`; returns why per model kept."""
+        out: dict[str, str] = {}
+        keep_ms = self.policy.keepalive_s * 1e3
+        for m, count in desired.items():
+            if count > 0:
+                continue
+            queued = loads[m].queue_depth if m in loads else 0
+            since_ms = now_ms - self._last_arrival_ms.get(m, float("-inf"))
+            if in_flight.get(m, 0) > 0 or queued > 0:
+                why = f"{in_flight.get(m, 0)} running or waiting, {queued} queued"
+            elif since_ms <= keep_ms:
+                why = f"last arrival {since_ms / 1e3:.1f} s ago (keep-alive {self.policy.keepalive_s:g} s)"
+            else:
+                continue
+            desired[m] = 1
+            out[m] = why
+        return out
 
     def _search(self, features: Mapping[str, LoadFeatures], hints: Mapping[str, int]) -> dict[str, ReplicaSearch]:
         p = self.policy
@@ -226,20 +294,28 @@ class ElasticScaler:
         return raised
 
     def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False,
-             is_held_up=False) -> str:
+             is_held_up=False, kept_alive="") -> str:
         p = self.policy
         if search is None:
-            return "no traffic"
+            why = "no traffic"
+            if kept_alive:
+                why += f"; kept at 1: {kept_alive}"
+                if allotted < desired:
+                    why += "; no device left (budget)"
+            return why
         bounds = dict(zip(search.prediction.replicas, search.prediction.attainment_bound))
         m = search.num_replicas
         if search.is_reachable:
             why = f"m*={m}: bound {bounds[m]:.3f} >= target {p.target_attainment:.3f}"
             if m - 1 in bounds:
                 why += f" (m={m - 1}: {bounds[m - 1]:.3f})"
+        elif m == p.max_num_replicas and bounds[m] <= p.saturation_eps:
+            why = (f"target {p.target_attainment:.3f} unreachable: saturated (bound {bounds[m]:.3f} at every count "
+                   f"up to the cap): m*={m}, the cap, the count that serves most of the load")
         else:
             cap = p.max_num_replicas
             why = (f"target {p.target_attainment:.3f} unreachable (bound {bounds[cap]:.3f} at the cap m={cap}): "
-                   f"m*={m} where the bound saturates ({bounds[m]:.3f})")
+                   f"m*={m}, the least count that maximises the bound ({bounds[m]:.3f})")
         if is_banded:
             why += f"; kept at {desired}: inside the scale-in band (x{p.scale_in_headroom:g} the rate needs that many)"
         if is_held_up:

@@ -54,38 +54,53 @@ class SteadyPolicy(_Policy):
 
 
 class ElasticPolicy(_Policy):
-    """The elastic scaler (fast path)."""
+    """The elastic scaler (fast path). Where the paper gives no value, the defaults are the ones measured best on the
+    simulator's headline scenario, and run live and simulated alike (docs/planner.md, "Defaults and where they come
+    from"; the figures are in docs/bench/sim.md)."""
 
     period_s: float = Field(default=0.5, gt=0)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
     k_sigma: float = Field(default=1.0, ge=0, description="attainment bound = mean - k*sigma")
-    max_num_replicas: int = Field(default=64, ge=1, description="per model; the binary search's upper end")
+    # 256: the busiest model of a 768-device fleet needs ~60 instances in calm periods; at 64 a burst made the
+    # target unreachable at the cap.
+    max_num_replicas: int = Field(default=256, ge=1, description="per model; the binary search's upper end")
     search_mode: str = Field(default="bisect", pattern="^(bisect|grid)$",
                              description="ask the oracle one m per round, or every m at once (replica_search.py)")
     saturation_eps: float = Field(default=0.005, ge=0, description="unreachable target: least m within this "
-                                  "of the bound at the cap")
+                                  "of the bound at the cap; a bound at the cap within this of 0 (no count the "
+                                  "oracle can see serves the load) asks for the cap")
     min_rate_rps: float = Field(default=0.0, ge=0, description="a model at or below this rate has no traffic")
     decode_token_cost_ratio: float = Field(
         default=2.0, gt=0, description="device time of one decode token over one prefill token (P/D split)"
     )
+    # 3: a model sized at two instances runs them colocated. One lone decode instance takes all of a long-output
+    # model's decoding, and a count flapping between 1 and 2 switched the model between colocated and P/D.
     min_num_disaggregated: int = Field(
-        default=2, ge=2, description="below this many instances a model runs one colocated instance per device"
+        default=3, ge=2, description="below this many instances a model runs one colocated instance per device"
     )
+    # 1.5: the static partition sizes its replicas at 0.7 utilisation (1/0.7 = 1.43); a 5 s window's rate lags a
+    # burst and a fork takes a second or more before it serves.
     load_headroom: float = Field(
-        default=1.0, ge=1.0, description="size replicas for the window's token rate times this (burst headroom)"
+        default=1.5, ge=1.0, description="size replicas for the window's token rate times this (burst headroom)"
     )
     scale_in_headroom: float = Field(
-        default=1.0, ge=1.0, description="scale in only to the count this multiple of the rate needs (a value above "
+        default=3.0, ge=1.0, description="scale in only to the count this multiple of the rate needs (a value above "
         "load_headroom is a hysteresis band: counts between the two answers stay as they are)"
     )
     backlog_drain_s: float = Field(
-        default=0.0, ge=0, description="size replicas to also clear the dispatchers' queued requests within this "
+        default=1.0, ge=0, description="size replicas to also clear the dispatchers' queued requests within this "
         "many seconds (0: size for arrivals only)"
     )
     scale_in_hold_s: float = Field(
         default=0.0, ge=0, description="a model's count never drops below the largest count asked for it in the "
         "last this many seconds: a dip in a bursty load does not give back the replicas the next burst needs "
         "(0: no hold)"
+    )
+    keepalive_s: float = Field(
+        default=60.0, ge=0, description="a model keeps one instance while it has requests running or queued, and "
+        "for this long after its last arrival (DESIGN.md: keep at least one instance for each model with traffic; "
+        "judged on one load window, a sparse model flaps to zero between its requests and each one meets "
+        "NO_INSTANCE)"
     )
     is_debounced: bool = True
 
@@ -103,8 +118,12 @@ class ReconcilerPolicy(_Policy):
     elastic_removal_action: str = Field(default="warm", pattern="^(warm|cold)$")
     is_one_load_per_model: bool = Field(default=True, description=(
         "a model with no ready replica loads one at a time (from disk or a peer's warm copy); its other replicas "
-        "wait and fork from the first once it is ready, as the simulator's lifecycle does (a device that holds "
-        "the model warm itself still wakes at once)"))
+        "wait and fork from the first once it is ready (a device that holds the model warm itself still wakes at "
+        "once)"))
+    resumes_draining: bool = Field(default=True, description=(
+        "an elastic instance that is draining and wanted again is resumed in place (DRAINING -> ACTIVE, its "
+        "weights never left) before a new one is placed: a drained decode instance holds its devices until its "
+        "longest sequence ends, and on the headline held 38 % of the busy devices"))
 
 
 class PlannerPolicy(_Policy):

@@ -4,10 +4,17 @@ when the registry says the instance is ready), retries failures and timeouts wit
 outcome as a `contracts.PlanAction` (never dropped in silence).
 
 Level-triggered: every input (plan, heartbeat, record, reply, tick) re-runs the same comparison, so a lost message
-only delays convergence. Order on a device: removals first (the new model needs the room), except that the last
-ready replica of a model that is only moving stays up until its replacement is ready (make before break). A model
-with no ready replica is loaded once (from disk or a peer's warm copy); its other replicas fork from that one when
-it is ready (`ReconcilerPolicy.is_one_load_per_model`)."""
+only delays convergence. Order on a device: removals first, and a device takes a new instance only once its
+removal is over (drained and released: the new model needs the room), except that the last ready replicas of a
+model that is only moving stay up until the model can serve without them (make before break: a ready colocated
+replica, or a ready prefill and a ready decode instance). A model with no ready replica is loaded once (from disk or
+a peer's warm copy); its other replicas fork from that one when it is ready
+(`ReconcilerPolicy.is_one_load_per_model`). An elastic instance that is draining and wanted again is resumed in
+place (`ReconcilerPolicy.resumes_draining`). A tensor-parallel instance is one command to its lead worker, naming
+the group's other devices.
+
+The simulator drives this same core through its fleet port (sim/systems/fleet.py): every placement, retry and
+drain of a simulated Janus is decided here (docs/sim.md, "One control plane")."""
 from __future__ import annotations
 
 from contracts import (
@@ -15,6 +22,7 @@ from contracts import (
     ErrorCode,
     ErrorInfo,
     InstanceRecord,
+    InstanceRole,
     LifecycleAction,
     LifecycleCommand,
     LifecycleReply,
@@ -36,7 +44,7 @@ class Reconciler:
     def __init__(self, policy: ReconcilerPolicy | None = None) -> None:
         self.policy = policy or ReconcilerPolicy()
         self.view = ClusterView(self.policy.heartbeat_timeout_ms)
-        self._placer = ElasticPlacer()
+        self._placer = ElasticPlacer(resumes_draining=self.policy.resumes_draining)
         self._plans: dict[str, SteadyPlan | ElasticPlan] = {}  # kind -> latest plan acted on
         self._done: set[str] = set()
         self._blocked_reported: set[tuple[str, str]] = set()
@@ -44,6 +52,8 @@ class Reconciler:
         self._cooldown_until_ms: dict[tuple[str, str], float] = {}  # (model, worker) -> until
         # A removal the worker confirmed: until a newer heartbeat arrives, the old one still lists the instance.
         self._released_ms: dict[str, float] = {}
+        self._observed = EffectsBuilder()  # what observe_reply learnt, reported with the next reconciliation
+        self._last_desired: tuple | None = None  # (inputs, (desired, blocked)) of the last placement
 
     # -- inputs: each returns what to do now ------------------------------------------------------------------
 
@@ -61,6 +71,10 @@ class Reconciler:
         """Record a heartbeat without reconciling: for large fleets the shell batches and calls `on_tick`."""
         self.view.on_heartbeat(now_ms, hb)
 
+    def observe_alive(self, now_ms: float, worker_ids) -> None:
+        """Workers heard from again whose heartbeats say nothing new (their last one stands)."""
+        self.view.on_alive(now_ms, worker_ids)
+
     def observe_record(self, record: InstanceRecord) -> None:
         self.view.on_record(record)
 
@@ -68,24 +82,36 @@ class Reconciler:
         self.view.on_record(record)
         return self._reconcile(now_ms, EffectsBuilder())
 
+    def observe_record_deleted(self, instance_id: str) -> None:
+        self.view.on_record_deleted(instance_id)
+
     def on_record_deleted(self, now_ms: float, instance_id: str) -> ReconcileEffects:
         self.view.on_record_deleted(instance_id)
         return self._reconcile(now_ms, EffectsBuilder())
 
     def on_reply(self, now_ms: float, reply: LifecycleReply) -> ReconcileEffects:
         out = EffectsBuilder()
-        op = next((o for o in self._ops.values() if o.command_id == reply.command_id), None)
-        if op is not None and op.phase != "backoff":
-            if not reply.ok:
-                why = reply.detail or (reply.error.message if reply.error else "the worker refused")
-                self._fail(now_ms, op, "failed", why, reply.error, out)
-            elif op.is_up:
-                op.phase, op.acked_ms = "acked", now_ms  # done only when the registry says ready
-            else:
-                out.actions.append(op.action_event("succeeded", now_ms, f"now {reply.state.value}"))
-                self._released_ms[op.instance_id] = now_ms
-                del self._ops[op.instance_id]
+        self._take_reply(now_ms, reply, out)
         return self._reconcile(now_ms, out)
+
+    def observe_reply(self, now_ms: float, reply: LifecycleReply) -> None:
+        """Record a reply without reconciling (its outcome is reported with the next `on_tick`): for a fleet
+        whose replies come by the thousand, as the simulator's does."""
+        self._take_reply(now_ms, reply, self._observed)
+
+    def _take_reply(self, now_ms: float, reply: LifecycleReply, out: EffectsBuilder) -> None:
+        op = next((o for o in self._ops.values() if o.command_id == reply.command_id), None)
+        if op is None or op.phase == "backoff":
+            return  # an answer to a command since replaced (a resumed drain, a cancelled retry)
+        if not reply.ok:
+            why = reply.detail or (reply.error.message if reply.error else "the worker refused")
+            self._fail(now_ms, op, "failed", why, reply.error, out)
+        elif op.is_up:
+            op.phase, op.acked_ms = "acked", now_ms  # done only when the registry says ready
+        else:
+            out.actions.append(op.action_event("succeeded", now_ms, f"now {reply.state.value}"))
+            self._released_ms[op.instance_id] = now_ms
+            del self._ops[op.instance_id]
 
     def on_tick(self, now_ms: float) -> ReconcileEffects:
         return self._reconcile(now_ms, EffectsBuilder())
@@ -112,8 +138,10 @@ class Reconciler:
         return self._reconcile(now_ms, out)
 
     def _reconcile(self, now_ms: float, out: EffectsBuilder) -> ReconcileEffects:
+        if self._observed.actions:
+            out.actions[:0], self._observed = self._observed.actions, EffectsBuilder()
         alive = self.view.alive_workers(now_ms)
-        self._fix_registry(now_ms, out)
+        self._fix_registry(now_ms, alive, out)
         self._expire(now_ms, alive, out)
         desired, blocked = self._desired(now_ms, alive)
         resident = self.view.resident(alive)
@@ -125,43 +153,44 @@ class Reconciler:
         return out.build()
 
     def _desired(self, now_ms: float, alive: set[str]) -> tuple[dict[str, Slot], dict[str, list[str]]]:
+        """The instances the plans want, each on its devices, and what cannot be placed. The same inputs give the
+        same answer, so it is kept until a plan, an instance's state, a record, a cooldown or liveness changes (a
+        tick of a large, busy fleet otherwise places every instance again every 0.2 s)."""
+        avoid = frozenset(key for key, until in self._cooldown_until_ms.items() if now_ms < until)
+        steady_plan, elastic_plan = self._plans.get("steady"), self._plans.get("elastic")
+        # Records are not part of the key: readiness only orders which replicas a shrinking count keeps, and a
+        # count changes with a new plan; an instance that appears, leaves or changes state changes the structure.
+        key = (self.view.structure_version, steady_plan.plan_id if steady_plan else None,
+               elastic_plan.plan_id if elastic_plan else None, avoid, self.view.alive_key(alive))
+        if self._last_desired is not None and self._last_desired[0] == key:
+            desired, blocked = self._last_desired[1]
+            return desired, {kind: list(details) for kind, details in blocked.items()}
         blocked: dict[str, list[str]] = {"steady": [], "elastic": []}
-        steady_plan = self._plans.get("steady")
         steady = self._adopt(steady_slots(steady_plan), alive)  # type: ignore[arg-type]
         steady_workers = {b.worker_id for b in steady_plan.bins} if steady_plan else set()
-        avoid = {key for key, until in self._cooldown_until_ms.items() if now_ms < until}
-        resident = {
-            iid: (s.worker_id, s.status.model, s.status.role)
-            for iid, s in self.view.resident(alive).items()
-            if s.status.pool == Pool.ELASTIC
-        }
-        warm = {w: self.view.warm_models(w) for w in alive}
-        free = sorted(alive - steady_workers)
-        elastic, unplaced = self._placer.place(self._plans.get("elastic"), free, resident, warm, avoid)  # type: ignore[arg-type]
+        free = [w for w in self.view.ordered_workers(alive) if w not in steady_workers]
+        elastic, unplaced = self._placer.place(elastic_plan, free,  # type: ignore[arg-type]
+                                               self.view.elastic_instances(alive), self.view.ready_ids(alive),
+                                               self.view.occupied_workers(alive), self.view.warm_index(), set(avoid))
         for model, n in sorted(unplaced.items()):
             blocked["elastic"].append(f"{n} instance(s) of {model}: no free device")
-        return {**elastic, **steady}, blocked
+        desired = {**elastic, **steady}
+        self._last_desired = (key, (desired, blocked))
+        return desired, {kind: list(details) for kind, details in blocked.items()}
 
     def _adopt(self, slots: dict[str, Slot], alive: set[str]) -> dict[str, Slot]:
         """A slot is filled by whatever instance of its model, role and pool already sits on its device, under the
         id the worker gave it (e.g. one it started at bootstrap): no second copy, no needless restart."""
-        existing: dict[tuple[str, str, str, str], str] = {}
-        for iid, s in self.view.seen(alive).items():
-            if s.status.state not in (ModelState.FAILED, ModelState.COLD):
-                existing[(s.status.model, s.worker_id, s.status.role.value, s.status.pool.value)] = iid
-        for rec in self.view.records():
-            if rec.is_ready and rec.worker_id in alive:
-                existing.setdefault((rec.model, rec.worker_id, rec.role.value, rec.pool.value), rec.instance_id)
         out = {}
         for iid, slot in slots.items():
-            found = existing.get((slot.model, slot.worker_id, slot.role.value, slot.pool.value))
+            found = self.view.instance_on(slot.worker_id, slot.model, slot.role, slot.pool, alive)
             if found is not None and found != iid:
                 slot = Slot(found, slot.model, slot.worker_id, slot.role, slot.pool, slot.plan_id)
             out[slot.instance_id] = slot
         return out
 
-    def _fix_registry(self, now_ms: float, out: EffectsBuilder) -> None:
-        for rec, state, why in self.view.stale_records(now_ms):
+    def _fix_registry(self, now_ms: float, alive: set[str], out: EffectsBuilder) -> None:
+        for rec, state, why in self.view.stale_records(now_ms, alive):
             fixed = rec.model_copy(update={"is_ready": False, "state": state, "updated_unix_ms": now_ms})
             self.view.on_record(fixed)
             out.registry_updates.append(fixed)
@@ -215,14 +244,28 @@ class Reconciler:
                 del self._ops[op.instance_id]
 
     def _issue_removals(self, now_ms, alive, desired, resident, out) -> set[str]:
-        """Removals of resident instances nobody wants; returns the devices that still have one pending."""
-        waiting_workers = {s.worker_id for iid, s in desired.items() if not self.view.is_ready(iid, alive)}
+        """Removals of resident instances nobody wants; returns the devices that are not ready for a newcomer: a
+        removal pending, under way (a drain) or deferred (make before break)."""
+        ready = self.view.ready_ids(alive)
+        waiting_workers = {w for iid in desired.keys() - ready for w in desired[iid].worker_ids}
         steady_plan = self._plans.get("steady")
         steady_workers = {b.worker_id for b in steady_plan.bins} if steady_plan else set()
         pending: set[str] = set()
-        for iid, s in sorted(resident.items()):
-            if iid in desired:
-                continue
+        for op in self._ops.values():
+            if not op.is_up:
+                pending.update(op.worker_ids)
+        for iid, s in self.view.draining(alive).items():
+            if iid not in desired:
+                pending.update(s.worker_ids)
+        unwanted = sorted(resident.keys() - desired.keys())
+        by_model: dict[str, list[Slot]] = {}
+        handed_over: set[str] = set()
+        if unwanted:
+            for d in desired.values():
+                by_model.setdefault(d.model, []).append(d)
+            handed_over = self._handed_to_elastic()
+        for iid in unwanted:
+            s = resident[iid]
             pool = s.status.pool
             # Only a plan for its pool may remove an instance (a restarted reconciler that has seen no elastic plan
             # yet must not tear the elastic pool down), except that the steady plan claims its devices.
@@ -231,26 +274,27 @@ class Reconciler:
                 continue
             if self._released_ms.get(iid, float("-inf")) >= self.view.last_seen_ms(s.worker_id):
                 continue  # released; this heartbeat predates it
-            pending.add(s.worker_id)
+            pending.update(s.worker_ids)
             op = self._ops.get(iid)
             if op is not None and (op.phase != "backoff" or now_ms < op.retry_at_ms):
                 continue
             if self._cooling(now_ms, s.status.model, s.worker_id):
                 continue
             model = s.status.model
-            is_moving = any(d.model == model for d in desired.values())
-            has_other_ready = any(
-                d.model == model and self.view.is_ready(d.instance_id, alive) for d in desired.values()
-            )
-            if (self.view.is_ready(iid, alive) and is_moving and not has_other_ready
-                    and s.worker_id not in waiting_workers):
-                continue  # make before break: the replacement is not ready yet
+            wanted = by_model.get(model, [])
+            # A device a newcomer waits for is given up first only when this model moves inside the steady pool:
+            # two steady models swapping devices would otherwise each wait for the other. A model going to the
+            # elastic pool is replaced on other devices, so it keeps serving here until then.
+            yields = any(d.pool == Pool.STEADY for d in wanted) and any(w in waiting_workers for w in s.worker_ids)
+            if ((wanted or model in handed_over) and self.view.is_ready(iid, alive)
+                    and not self._can_serve(wanted, alive) and not yields):
+                continue  # make before break: the model cannot serve without it yet
             action = LifecycleAction(
                 self.policy.steady_removal_action if pool == Pool.STEADY else self.policy.elastic_removal_action
             )
             plan = self._plans.get(pool.value) or self._plans.get("steady")
-            self._send(now_ms, Slot(iid, model, s.worker_id, s.status.role, pool, plan.plan_id if plan else ""),
-                       action, None, op, out)
+            self._send(now_ms, Slot(iid, model, s.worker_id, s.status.role, pool, plan.plan_id if plan else "",
+                                    s.status.peer_worker_ids), action, None, op, out)
             rec = self.view.record(iid)
             if rec is not None and rec.is_ready:  # stop routing to it now, not when the drain ends
                 fixed = rec.model_copy(update={"is_ready": False, "state": ModelState.DRAINING,
@@ -259,31 +303,62 @@ class Reconciler:
                 out.registry_updates.append(fixed)
         return pending
 
+    def _handed_to_elastic(self) -> set[str]:
+        """Models the steady plan hands to the elastic pool that the elastic plan has not placed yet: it predates
+        the hand-over, or its debounce still holds the model's old count of 0. Still wanted (make before break),
+        unless the elastic plan found the model has no traffic at all."""
+        steady_plan = self._plans.get("steady")
+        if steady_plan is None:
+            return set()
+        elastic_plan = self._plans.get("elastic")
+        targets = {t.model: t for t in elastic_plan.targets} if elastic_plan else {}
+        handed = set(steady_plan.elastic_models) | set(steady_plan.unplaced_models)
+        return {m for m in handed if m not in targets or targets[m].desired_replicas > 0}
+
+    def _can_serve(self, slots: list[Slot], alive: set[str]) -> bool:
+        """Whether a model's desired instances can serve it now: a ready colocated one, or a ready prefill and a
+        ready decode instance (a prefill instance alone hands its requests to nobody)."""
+        ready_ids = self.view.ready_ids(alive)
+        ready = {s.role for s in slots if s.instance_id in ready_ids}
+        return InstanceRole.COLOCATED in ready or {InstanceRole.PREFILL, InstanceRole.DECODE} <= ready
+
     def _issue_ups(self, now_ms, alive, desired, resident, rooms, blocked, out) -> None:
         removing = {iid for iid, op in self._ops.items() if not op.is_up}
         # models being brought up (an up in flight): without a ready replica, their other replicas wait for it
         loading = {op.model for op in self._ops.values() if op.is_up and op.phase != "backoff"}
         seen = self.view.seen(alive)
-        for iid, slot in sorted(desired.items()):
-            if self.view.is_ready(iid, alive):
-                continue
+        for iid in sorted(desired.keys() - self.view.ready_ids(alive)):
+            slot = desired[iid]
             op = self._ops.get(iid)
+            here = seen.get(iid)
+            is_resume = (self.policy.resumes_draining and here is not None and here.worker_id == slot.worker_id
+                         and here.status.state == ModelState.DRAINING)
+            if is_resume and op is not None and not op.is_up:
+                # wanted again while it drains: admit again in place, before anything new is loaded
+                out.actions.append(op.action_event("cancelled", now_ms, "wanted again: resumed instead",
+                                                   ErrorInfo(code=ErrorCode.CANCELLED, message="resumed")))
+                del self._ops[iid]
+                op = None
             if op is not None and (not op.is_up or op.phase != "backoff" or now_ms < op.retry_at_ms):
                 continue
-            if slot.worker_id not in alive:
-                blocked[slot.pool.value].append(f"{iid}: worker {slot.worker_id} is not alive")
+            dead = [w for w in slot.worker_ids if w not in alive]
+            if dead:
+                blocked[slot.pool.value].append(f"{iid}: worker {dead[0]} is not alive")
                 continue
             if self._cooling(now_ms, slot.model, slot.worker_id):
                 blocked[slot.pool.value].append(f"{iid}: failed recently on {slot.worker_id}, cooling down")
                 continue
-            if slot.worker_id in rooms:
+            if is_resume:
+                self._send(now_ms, slot, LifecycleAction.ACTIVATE, None, op, out, "resume the drain")
+                continue
+            if any(w in rooms for w in slot.worker_ids):
                 continue  # a removal on this device goes first
             source = None
             if op is None or not op.is_fork_failed:
                 source = self.view.fork_source(slot.model, alive, exclude_ids=removing | {iid},
                                                target_worker=slot.worker_id)
             has_replica = source is not None and source.kind == "replica"
-            is_warm_here = iid in seen and seen[iid].status.state == ModelState.WARM
+            is_warm_here = here is not None and here.status.state == ModelState.WARM
             if not has_replica and not is_warm_here:
                 if self.policy.is_one_load_per_model and slot.model in loading:
                     continue  # one load per model: this replica forks from the first once that one is ready
@@ -291,7 +366,7 @@ class Reconciler:
             action = LifecycleAction.FORK_FROM if source else LifecycleAction.ACTIVATE
             self._send(now_ms, slot, action, source, op, out)
 
-    def _send(self, now_ms, slot: Slot, action, source, prev: Op | None, out: EffectsBuilder) -> None:
+    def _send(self, now_ms, slot: Slot, action, source, prev: Op | None, out: EffectsBuilder, why: str = "") -> None:
         if prev is not None and prev.is_up != (action in (LifecycleAction.ACTIVATE, LifecycleAction.FORK_FROM)):
             prev = None  # a different purpose starts its own attempt count
         attempt = prev.attempt + 1 if prev is not None else 1
@@ -305,15 +380,17 @@ class Reconciler:
             role=slot.role,
             pool=slot.pool,
             fork_source=source,
+            peer_worker_ids=slot.peer_worker_ids,
             plan_id=plan_id,
             issued_unix_ms=now_ms,
             deadline_ms=self.policy.command_deadline_ms,
         )
         op = Op(slot.instance_id, slot.model, slot.worker_id, slot.role, slot.pool, action, plan_id, attempt,
-                cmd.command_id, now_ms, is_fork_failed=prev.is_fork_failed if prev else False)
+                cmd.command_id, now_ms, is_fork_failed=prev.is_fork_failed if prev else False,
+                peer_worker_ids=slot.peer_worker_ids)
         self._ops[slot.instance_id] = op
         out.commands.append(cmd)
-        why = f"fork from {source.instance_id} on {source.worker_id}" if source else action.value
+        why = why or (f"fork from {source.instance_id} on {source.worker_id}" if source else action.value)
         out.actions.append(op.action_event("issued", now_ms, why))
 
     def _cooling(self, now_ms: float, model: str, worker_id: str) -> bool:
@@ -329,8 +406,9 @@ class Reconciler:
                     out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="blocked",
                                                             unix_ms=now_ms, detail=detail))
             pool = Pool(kind)
-            is_up = all(self.view.is_ready(iid, alive) for iid, s in desired.items() if s.pool == pool)
-            is_clean = not any(s.status.pool == pool and iid not in desired for iid, s in resident.items())
+            wanted = {iid for iid, s in desired.items() if s.pool == pool}
+            is_up = wanted <= self.view.ready_ids(alive)
+            is_clean = not any(resident[iid].status.pool == pool for iid in resident.keys() - desired.keys())
             is_idle = not any(op.pool == pool for op in self._ops.values())
             if is_up and is_clean and is_idle and not blocked.get(kind):
                 self._done.add(plan.plan_id)

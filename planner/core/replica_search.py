@@ -10,7 +10,10 @@ Two ways to ask the oracle, same answer (the bound is non-decreasing in m, the o
 When even `max_num_replicas` misses the target (a conservative bound may never reach it: a roofline answer with a
 wide sigma, a load past what any count serves), more replicas than the bound's saturation point buy nothing the
 oracle can see, so m* is the least m whose bound is within `saturation_eps` of the bound at the cap, flagged
-unreachable."""
+unreachable. Except when the bound at the cap is itself within `saturation_eps` of 0: then no count the oracle can
+see serves the load (a burst past what the cap serves), every count looks alike, and the least of them would take a
+busy model down to one replica in the middle of its burst (60 -> 1 on the headline before this rule). m* is then
+the cap: more replicas serve more of an overload, and the budget scales it down with everyone else."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -142,6 +145,8 @@ def _next_step(seen: Mapping[int, tuple[float, float, float]], cap: int, target:
     if any(b >= target for b in bounds.values()):
         threshold, is_reachable = target, True
     elif cap in bounds:
+        if bounds[cap] <= saturation_eps:
+            return _Answer(cap, False)  # overloaded at every count: the cap (see the module docstring)
         threshold, is_reachable = bounds[cap] - saturation_eps, False
     else:  # everything seen misses: is the target reachable at all? (and, next to a hint, one count up)
         return tuple(sorted({cap} | ({hint + 1} if hint is not None and hint + 1 < cap else set())))

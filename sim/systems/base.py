@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from contracts import ModelLoadWindow
-from dispatcher.core import Algorithm, DispatchPolicy
+from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
 
 from ..dispatch import CoreDispatch
 from ..engine import DeviceLog, Sim
@@ -44,9 +44,11 @@ class ControlPlane:
         raise NotImplementedError
 
     def dispatch_policy(self) -> DispatchPolicy:
-        """The dispatcher core's knobs for this system (its algorithm; the paper's defaults otherwise). A request
-        for a model without a ready instance fails at once, as the baselines of the headline runs were measured."""
-        return DispatchPolicy(algorithm=self.algorithm, max_wait_for_instance_ms=0.0)
+        """The dispatcher core's knobs for a baseline: its algorithm, and the dispatcher settings the baselines of
+        the headline runs were measured with (a request for a model without a ready instance fails at once, 2 s
+        load windows, an infeasible request rejected). Janus runs the live defaults (systems/janus.py)."""
+        return DispatchPolicy(algorithm=self.algorithm, max_wait_for_instance_ms=0.0, window_s=2.0,
+                              overload=OverloadPolicy.REJECT)
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
         """Every load window the dispatcher cores publish (every 0.5 s per model)."""
@@ -112,14 +114,18 @@ class SystemRun:
 
     def launch(self, app: int, role: str, pool: str, device_ids: tuple[int, ...], now_s: float,
                preloaded: bool = False) -> SimInstance:
-        if preloaded:
-            via, load_s = "preloaded", 0.0
-        else:
-            via, load_s = self.load_path(app, device_ids, now_s)
+        """Launch by the fastest load path (`load_path`), or ready at once when `preloaded`."""
+        via, load_s = ("preloaded", 0.0) if preloaded else self.load_path(app, device_ids, now_s)
+        return self.launch_via(app, role, pool, device_ids, now_s, via, load_s)
+
+    def launch_via(self, app: int, role: str, pool: str, device_ids: tuple[int, ...], now_s: float, via: str,
+                   load_s: float, instance_id: str | None = None) -> SimInstance:
+        """Launch by the load path `via`, ready after `load_s`."""
         self.counters[via] += 1
         if via in ("preloaded", "cold_load", "remote_warm"):
             self.keep_warm(app, device_ids)  # the weights came through this host's memory and stay there
-        return self.sim.launch(app, role, pool, tuple(device_ids), self.costs[app], load_s, via, now_s)
+        return self.sim.launch(app, role, pool, tuple(device_ids), self.costs[app], load_s, via, now_s,
+                               instance_id=instance_id)
 
     def keep_warm(self, app: int, device_ids: tuple[int, ...]) -> None:
         for d in device_ids:

@@ -1,23 +1,23 @@
-"""Janus on the simulator: the steady planner every 30 s, the elastic scaler every 0.5 s, the dispatcher's LST-IMH,
-lifecycle load paths; and its two ablations (steady pool only, elastic pool only). The planner and oracle cores are
-the project's own (planner.core, oracle.core); plans are carried out by systems.pools."""
+"""Janus on the simulator, and its two ablations (steady pool only, elastic pool only): wiring only. The steady
+planner every `steady.period_s`, the elastic scaler every `elastic.period_s`, the reconciler and the dispatcher's
+LST-IMH are the project's cores with the live system's defaults (`PlannerPolicy()`, `DispatchPolicy()`); the
+simulated fleet (systems/fleet.py) carries out the reconciler's commands. What a policy decides is decided in
+planner/core or dispatcher/core, never here (docs/sim.md, "One control plane")."""
 from __future__ import annotations
 
 from contracts import LoadFeatures, ModelLoadWindow
-from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
+from dispatcher.core import DispatchPolicy
 from oracle.core.oracle import ModelProfile, Oracle
-from planner.core import ElasticPolicy, ElasticScaler, OverflowWatch, PoolPolicy, SteadyPlanner, SteadyPolicy
-from planner.core import scale_to_budget, split_prefill_decode, unpadded_counts
+from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
+                          elastic_budget_devices, elastic_models_of, in_flight_by_model, plan_decision,
+                          steady_worker_order)
 
 from ..costmodel import fast_roofline
 from ..oracle_cache import CachedOracle
 from .base import ControlPlane, SystemRun, initial_features
-from .pools import PoolManager
+from .fleet import SimFleet
 
-UNBOUNDED_BUDGET = 1_000_000
-# A request for a model with no ready instance waits this long for one (the scaler sees it in the next load window
-# and launches one) instead of failing at once: served late beats not served.
-MAX_WAIT_FOR_INSTANCE_MS = 30_000.0
+MODES = {"both": "janus", "steady_only": "steady-only", "elastic_only": "elastic-only"}
 
 
 def make_oracle(run: SystemRun, need_rel_std: float = 0.25, attainment_std: float = 0.005) -> Oracle:
@@ -38,168 +38,127 @@ def window_of(name: str, features: LoadFeatures, window_s: float, now_ms: float)
                            request_rate_rps=rate, features=features)
 
 
+def ablation_policy(mode: str, policy: PlannerPolicy) -> PlannerPolicy:
+    """The planner policy of an ablation: "elastic_only" sends every model to the elastic pool (every model
+    counts as large); "steady_only" sizes the elastic pool's replicas only at the steady period."""
+    if mode == "elastic_only":
+        return policy.model_copy(update={"pool": PoolPolicy(large_need_enter=1e-9, large_need_exit=1e-9)})
+    if mode == "steady_only":
+        return policy.model_copy(update={"elastic": policy.elastic.model_copy(
+            update={"period_s": policy.steady.period_s})})
+    return policy
+
+
 class JanusControl(ControlPlane):
     """Steady pool + elastic pool. `mode`: "both" (Janus), "steady_only" (no elastic fast path: models the pool
     assigner would isolate get their replicas sized only at the steady period), "elastic_only" (every model in the
     elastic pool)."""
 
-    algorithm = Algorithm.LST_IMH
-
-    def __init__(self, mode: str = "both", steady_period_s: float = 30.0, elastic_period_s: float = 0.5,
-                 elastic_policy: ElasticPolicy | None = None, steady_policy: SteadyPolicy | None = None,
-                 pool_policy: PoolPolicy | None = None, name: str | None = None, keepalive_s: float = 60.0,
-                 resumes_draining: bool = True):
-        if mode not in ("both", "steady_only", "elastic_only"):
+    def __init__(self, mode: str = "both", planner_policy: PlannerPolicy | None = None,
+                 dispatch: DispatchPolicy | None = None, name: str | None = None):
+        if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         self.mode = mode
-        self.name = name or {"both": "janus", "steady_only": "steady-only", "elastic_only": "elastic-only"}[mode]
-        self.steady_period_s = steady_period_s
-        self.elastic_period_s = steady_period_s if mode == "steady_only" else elastic_period_s
-        # Five knobs differ from the scaler's defaults, all measured on the headline scenario (docs/bench/sim.md):
-        # - the replica cap (64) is below what the busiest model of a 768-device fleet needs at a burst;
-        # - load_headroom 1.5 (static partition sizes its replicas at 0.7 utilisation, 1/0.7 = 1.43) and a
-        #   scale-in band up to 3x the rate. First 300 s, decode_token_cost_ratio 1.0: no headroom 0.927 on 26.2
-        #   device-hours, 1.5 -> 0.989 on 35.1, 1.5 with the band -> 0.996 on 36.5 with a third fewer forks.
-        # With the headroom, the default prefill/decode split (decode_token_cost_ratio 2.0) serves decode best:
-        # first 900 s, 1.0 -> 0.918, 1.5 -> 0.959, 2.0 -> 0.968; the whole headline, 1.0 -> 0.880, 2.0 -> 0.954.
-        # - backlog_drain_s 1: also size for the dispatchers' queued requests, cleared within 1 s. A 5 s window lags
-        #   a burst; the queue shows it at once. First 300 s: default mix 0.9912 -> 0.9964 on 9 % more
-        #   device-hours, light mix 0.9374 -> 0.9957 on 10 % more (2 s: 0.9931 / 0.9855; 0.5 s: 0.9982 / 0.9972).
-        # - min_num_disaggregated 3: two instances run colocated, not one prefill and one decode. The oracle sizes m
-        #   as m colocated replicas; a lone decode instance then takes all of a long-output model's decoding, and a
-        #   count flapping between 1 and 2 switched the model between colocated and P/D. Whole headline, Janus only:
-        #   worst app (app-05, qwen2.5-32b tp2) 0.896 -> 0.929 (no app below 0.929), token attainment 0.9826 ->
-        #   0.9800, device-hours 280.0 -> 284.1; 4: worst 0.929, attainment 0.9719. Holding P/D up for 30 s
-        #   instead took app-05 to 0.622.
-        self.elastic_policy = elastic_policy or ElasticPolicy(max_num_replicas=256, load_headroom=1.5,
-                                                              scale_in_headroom=3.0, backlog_drain_s=1.0,
-                                                              min_num_disaggregated=3)
-        self.steady_policy = steady_policy or SteadyPolicy(period_s=steady_period_s)
-        if pool_policy is None and mode == "elastic_only":
-            pool_policy = PoolPolicy(large_need_enter=1e-9, large_need_exit=1e-9)  # everything is "large"
-        self.pool_policy = pool_policy or PoolPolicy()
-        self.plans: list = []  # every plan, for the audit trail and the replay recording
-        # DESIGN.md: "keep at least one instance for each model with traffic". The scaler judges traffic on the
-        # last load window (2 s); a sparse model then flaps to zero between requests and each arrival meets
-        # NO_INSTANCE. Here a model that had a request within keepalive_s keeps one instance.
-        self.keepalive_s = keepalive_s
-        # Resume a model's draining instances when its count rises again (PoolManager.resumes_draining): a drained
-        # decode instance holds its devices until its longest sequence ends, and held 38 % of Janus's busy devices
-        # on the headline. Runs 17-18 (docs/bench/sim.md): device-hours 284.1 -> ~249 at 0.99 token attainment.
-        self.resumes_draining = resumes_draining
-        self.last_request_s: dict[str, float] = {}
+        self.name = name or MODES[mode]
+        self.planner_policy = ablation_policy(mode, planner_policy or PlannerPolicy())
+        self._dispatch = dispatch or DispatchPolicy()
+        self.algorithm = self._dispatch.algorithm
+        self.plans: list = []  # every plan, for the audit trail
 
     def dispatch_policy(self) -> DispatchPolicy:
-        """LST-IMH; requests no instance can finish in time are requeued late rather than rejected (token-level
-        attainment still counts their later tokens that meet their deadlines); a request for a model without a
-        ready instance waits up to MAX_WAIT_FOR_INSTANCE_MS for one; load windows of 5 s, since the planners read
-        these windows and 2 s of a bursty app is mostly noise."""
-        return DispatchPolicy(algorithm=Algorithm.LST_IMH, overload=OverloadPolicy.REQUEUE, window_s=5.0,
-                              max_wait_for_instance_ms=MAX_WAIT_FOR_INSTANCE_MS)
+        return self._dispatch
+
+    def policies(self) -> dict:
+        """The policies this system runs with, in the shape `janus config` prints them."""
+        return {"dispatcher": self._dispatch.model_dump(mode="json"),
+                "planner": self.planner_policy.model_dump(mode="json")}
 
     def install(self, run: SystemRun) -> None:
+        p = self.planner_policy
         self.run = run
-        self.names = run.scenario.trace.app_names
+        self.names = list(run.scenario.trace.app_names)
         self.index = {n: a for a, n in enumerate(self.names)}
+        self.devices_per_instance = {n: run.costs[a].tp for a, n in enumerate(self.names)}
         oracle = self.oracle = CachedOracle(make_oracle(run))
+        self.steady = SteadyPlanner(oracle, p.steady, p.pool)
+        self.scaler = ElasticScaler(oracle, p.elastic)
+        self.reconciler = Reconciler(p.reconciler)
         if run.recorder is not None:
-            from ..recording import RecordingOracle
+            from ..recording import RecordingOracle, RecordingPlanner, RecordingReconciler
 
             oracle = RecordingOracle(oracle, run.recorder)
-        self.steady = SteadyPlanner(oracle, self.steady_policy, self.pool_policy)
-        # An early steady plan needs the fast path's tick to notice the queue: Janus only, not the ablations.
-        self.overflow = OverflowWatch(self.steady_policy) if self.mode == "both" else None
-        self.num_overflow_plans = 0
-        self.scaler = ElasticScaler(oracle, self.elastic_policy)
-        if run.recorder is not None:
-            from ..recording import RecordingPlanner
-
-            run.recorder.header["config"].update(
-                steady_policy=self.steady_policy.model_dump(mode="json"),
-                pool_policy=self.pool_policy.model_dump(mode="json"),
-                elastic_policy=self.elastic_policy.model_dump(mode="json"))
+            self.steady, self.scaler = SteadyPlanner(oracle, p.steady, p.pool), ElasticScaler(oracle, p.elastic)
+            run.recorder.header["config"].update(planner_policy=p.model_dump(mode="json"))
             self.steady = RecordingPlanner(self.steady, run.recorder, "steady")
             self.scaler = RecordingPlanner(self.scaler, run.recorder, "elastic")
-        self.pools = PoolManager(run, resumes_draining=self.resumes_draining)
-        self.elastic_models: list[str] = []
-        self.steady_models: list[str] = []
-        self.latest: dict[str, ModelLoadWindow] = {}
+            self.reconciler = RecordingReconciler(self.reconciler, run.recorder)
+        # An early steady plan needs the fast path's tick to notice the queue: Janus only, not the ablations.
+        self.overflow = OverflowWatch(p.steady) if self.mode == "both" else None
+        self.num_overflow_plans = 0
+        self.fleet = SimFleet(run, self.reconciler, reconcile_period_s=p.reconcile_period_s)
+        self.steady_plan = None
+        self.elastic_models = list(self.names)
+        self.last_elastic = None
+        self.last_elastic_sent_s = float("-inf")
         for app, f in enumerate(initial_features(run.scenario)):
-            w = window_of(self.names[app], f, 30.0, 0.0)
-            self.on_load(0.0, w)
-        self._steady_tick(0.0, preloaded=True)
-        # A system that had been running would hold its counts: two agreeing plans get past the debounce.
-        self.scaler.tick(0.0, self.elastic_models, UNBOUNDED_BUDGET)
-        self._elastic_tick(0.0, preloaded=True)
-        run.sim.every(self.steady_period_s, self._steady_tick, start_s=self.steady_period_s,
-                      end_s=run.scenario.trace.duration_s)
-        run.sim.every(self.elastic_period_s, self._elastic_tick, start_s=self.elastic_period_s,
-                      end_s=run.scenario.trace.duration_s)
+            self.on_load(0.0, window_of(self.names[app], f, 30.0, 0.0))
+        # At t = 0 the system has been running: its placement is there and ready. Two agreeing elastic plans get
+        # past the debounce.
+        self.fleet.settle(0.0, self._steady_tick(0.0, trigger="startup", deliver=False))
+        self.fleet.settle(0.0, self.reconciler.on_tick(0.0))
+        self._plan_elastic(0.0)
+        self.fleet.settle(0.0, self._elastic_effects(0.0))
+        duration_s = run.scenario.trace.duration_s
+        steady_s, elastic_s = p.steady.period_s, p.elastic.period_s
+        run.sim.every(steady_s, self._steady_tick, start_s=steady_s, end_s=duration_s)
+        run.sim.every(elastic_s, self._elastic_tick, start_s=elastic_s, end_s=duration_s)
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
-        self.latest[window.model] = window
-        if window.num_requests > 0:
-            self.last_request_s[window.model] = now_s
         self.steady.observe(window)
         self.scaler.observe(window)
         if self.overflow is not None:
             self.overflow.observe(window)
 
     # ------------------------------------------------------------------------------------------ slow path
-    def _worker_order(self) -> list[str]:
-        """Devices in order of preference for the steady planner: its own, then free, then elastic ones."""
-        sim = self.run.sim
-        own = sorted(self.pools.steady_devices)
-        rest = [d for d in range(self.run.scenario.num_devices) if d not in self.pools.steady_devices]
-        free = [d for d in rest if d not in sim.executor_of_device]
-        busy = [d for d in rest if d in sim.executor_of_device]
-        return [f"d{d}" for d in own + free + busy]
-
-    def _steady_tick(self, now_s: float, preloaded: bool = False, trigger: str = "periodic") -> None:
+    def _steady_tick(self, now_s: float, trigger: str = "periodic", deliver: bool = True):
         if self.mode == "elastic_only":
-            self.elastic_models = list(self.names)
-            return
-        decision = self.steady.plan(now_s * 1e3, list(self.names), self._worker_order(),
-                                    trigger="startup" if preloaded else trigger)
-        plan = decision.plan
+            return self.reconciler.on_tick(now_s * 1e3)
+        fleet = self.fleet
+        workers = steady_worker_order(fleet.alive_workers(), self.steady_plan, fleet.instances())
+        plan = self.steady.plan(now_s * 1e3, self.names, workers, trigger=trigger).plan
         self.plans.append(plan)
-        bins = {int(b.worker_id[1:]): [self.index[m] for m in b.models] for b in plan.bins}
-        self.pools.apply_steady(bins, now_s, preloaded)
-        placed = set(plan.steady_models)
-        self.elastic_models = [m for m in self.names if m not in placed]
-        self.steady_models = sorted(placed)
+        self.steady_plan = plan
+        self.elastic_models = elastic_models_of(plan, self.names)
+        effects = self.reconciler.on_steady_plan(now_s * 1e3, plan)
+        if deliver:
+            fleet.apply(effects, now_s)
+        return effects
 
     # ------------------------------------------------------------------------------------------ fast path
-    def _elastic_tick(self, now_s: float, preloaded: bool = False) -> None:
-        if self.overflow is not None and self.overflow.due(now_s * 1e3, self.steady_models):
+    def _plan_elastic(self, now_s: float):
+        instances = self.fleet.instances()
+        budget = elastic_budget_devices(self.fleet.alive_workers(), self.steady_plan, instances)
+        plan = self.scaler.tick(now_s * 1e3, self.elastic_models, budget,
+                                devices_per_instance=self.devices_per_instance,
+                                in_flight=in_flight_by_model(instances)).plan
+        self.plans.append(plan)
+        return plan
+
+    def _elastic_effects(self, now_s: float):
+        """The elastic plan of this tick, to the reconciler when its decision changed (or, unchanged, every
+        `elastic_republish_s`), as the scaler service publishes it."""
+        plan = self._plan_elastic(now_s)
+        is_due = now_s - self.last_elastic_sent_s >= self.planner_policy.elastic_republish_s
+        if self.last_elastic is not None and plan_decision(plan) == plan_decision(self.last_elastic) and not is_due:
+            return None
+        self.last_elastic, self.last_elastic_sent_s = plan, now_s
+        return self.reconciler.on_elastic_plan(now_s * 1e3, plan)
+
+    def _elastic_tick(self, now_s: float) -> None:
+        if self.overflow is not None and self.steady_plan is not None and \
+                self.overflow.due(now_s * 1e3, self.steady_plan.steady_models):
             self.num_overflow_plans += 1
             self._steady_tick(now_s, trigger="overflow")
-        decision = self.scaler.tick(now_s * 1e3, self.elastic_models, UNBOUNDED_BUDGET)
-        plan = decision.plan
-        self.plans.append(plan)
-        costs = self.run.costs
-        # The scaler counts one device per instance; tensor-parallel models take tp. Scale to the budget in
-        # device units with the scaler's own rounding, then split each model's instances into prefill/decode again.
-        wanted = {t.model: t.num_prefill + t.num_decode for t in plan.targets}
-        tp = {m: costs[self.index[m]].tp for m in wanted}
-        wanted_devices = {m: n * tp[m] for m, n in wanted.items()}
-        budget = max(0, self.pools.elastic_budget())
-        rate = {t.model: self.latest[t.model].features.token_rate_tps if t.model in self.latest else 0.0
-                for t in plan.targets}
-        floor = None
-        if sum(wanted_devices.values()) > budget:  # padding is served last (scale_to_budget's floor)
-            floor = {m: n * tp[m] for m, n in unpadded_counts(wanted, self.latest, self.elastic_policy).items()}
-        allotted = scale_to_budget(wanted_devices, budget, priority=rate, floor=floor)
-        targets: dict[int, tuple[int, int]] = {}
-        for t in plan.targets:
-            app = self.index[t.model]
-            n = allotted[t.model] // costs[app].tp
-            recent = now_s - self.last_request_s.get(t.model, float("-inf")) <= self.keepalive_s
-            if n == 0 and recent and budget >= costs[app].tp:
-                targets[app] = (1, 0)
-            elif n == t.num_prefill + t.num_decode:
-                targets[app] = (t.num_prefill, t.num_decode)
-            else:
-                features = self.latest[t.model].features if t.model in self.latest else None
-                targets[app] = split_prefill_decode(n, features, self.elastic_policy) if features else (n, 0)
-        self.pools.apply_elastic(targets, now_s, {self.index[m]: r for m, r in rate.items()}, preloaded)
+        effects = self._elastic_effects(now_s)
+        if effects is not None:
+            self.fleet.apply(effects, now_s)

@@ -1,11 +1,10 @@
-"""Carrying out plans on the simulated fleet: steady bins (device -> models) and elastic instance counts (model ->
-prefill/decode), with tensor-parallel groups, the lifecycle's load paths and the reconciler's rules: removals
-make room first, a model that only moves keeps its last ready replica until the new one is ready (make before
-break), elastic instances stay where they are while wanted and prefer devices that hold their model warm.
+"""The baselines' placement (Prism-like, BlitzScale-like): steady bins (device -> models) and instance counts
+(model -> prefill/decode) applied directly on the simulated fleet, with tensor-parallel groups and the lifecycle's
+load paths: removals make room first, a model that only moves keeps its last ready replica until the new one is
+ready, instances stay where they are while wanted and prefer devices that hold their model warm.
 
-The planner's reconciler core places one instance per device and learns the fleet from per-worker heartbeats;
-the simulator needs tensor-parallel groups and cannot afford a heartbeat per device every 0.5 s at 768 devices,
-so this module applies the plans directly (see docs/sim.md, "What is driven and what is emulated")."""
+Janus does not use this: its plans go through the reconciler core (`planner.core.Reconciler`) and the fleet port
+(systems/fleet.py), as they do live."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,10 +30,6 @@ class PoolManager:
     num_blocked: int = 0  # elastic instances a plan wanted that found no device
     elastic_apps: set[int] = field(default_factory=set)  # apps the latest elastic targets want instances of
     awaiting_elastic: set[int] = field(default_factory=set)  # apps that left the steady pool since those targets
-    # An elastic count that rises again resumes the model's draining instances of that role before it launches
-    # new ones (the worker lifecycle's RESUME, DRAINING -> ACTIVE, as the reconciler's ACTIVATE of a draining
-    # instance does): a drained decode instance holds its devices until its longest sequence ends (minutes).
-    resumes_draining: bool = False
 
     # ------------------------------------------------------------------------------------------ steady pool
     def apply_steady(self, bins: dict[int, list[int]], now_s: float, preloaded: bool = False) -> None:
@@ -135,8 +130,6 @@ class PoolManager:
 
         for key in sorted(wanted, key=order):
             app, role = key
-            if self.resumes_draining and wanted[key] > len(self.elastic.get(key, ())):
-                self._resume_draining(key, wanted[key] - len(self.elastic.get(key, ())), now_s)
             have = len(self.elastic.get(key, ()))
             tp = run.costs[app].tp
             for _ in range(wanted[key] - have):
@@ -148,17 +141,6 @@ class PoolManager:
                     free.remove(d)
                 inst = run.launch(app, role, "elastic", group, now_s, preloaded)
                 self.elastic.setdefault(key, []).append(inst)
-
-    def _resume_draining(self, key: tuple[int, str], num: int, now_s: float) -> None:
-        """Resume up to `num` of the model's draining elastic instances in this role, the busiest first (the
-        furthest from leaving)."""
-        app, role = key
-        draining = [i for i in self.run.sim.instances_by_app.get(app, ())
-                    if i.is_draining and i.pool == "elastic" and i.role == role]
-        for inst in sorted(draining, key=lambda i: i.num_in_flight)[:num]:
-            if self.run.sim.resume(inst, now_s):
-                self.elastic.setdefault(key, []).append(inst)
-                self.run.counters["resumed"] += 1
 
     def _switching_roles(self, app: int, old_role: str, wanted: dict[tuple[int, str], int]) -> bool:
         """True while `app` moves between colocated and prefill/decode instances and the new layout has nothing

@@ -41,7 +41,8 @@ class LifecycleHost(Protocol):
         """Publish the event and write the instance's registry record (delete it at COLD)."""
 
     async def drain(self, inst: ModelInstance, timeout_s: float) -> dict[str, float]:
-        """Finish or hand back everything in flight on `inst` (already not ready in the registry)."""
+        """Finish or hand back everything in flight on `inst` (already not ready in the registry); return early,
+        failing nothing more, once `inst.resume_requested` is set."""
 
     async def refresh_record(self, inst: ModelInstance) -> None:
         """Write the instance's registry record again, unchanged (a no-op command re-asserts the truth)."""
@@ -56,6 +57,10 @@ class LifecycleFailed(Exception):
     def __init__(self, error: ErrorInfo) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class DrainResumed(Exception):
+    """A removal's drain stopped because the instance is wanted again: it admits again instead."""
 
 
 class LifecycleController:
@@ -90,6 +95,9 @@ class LifecycleController:
             if inst is not None and inst.model != cmd.model:
                 return self._refusal(cmd, inst.state, ErrorCode.INVALID_REQUEST,
                                      f"{cmd.instance_id} is an instance of {inst.model}, not {cmd.model}")
+            if (inst is not None and cmd.action in (LifecycleAction.ACTIVATE, LifecycleAction.FORK_FROM)
+                    and inst.state == S.DRAINING and inst.lock.locked()):
+                inst.resume_requested.set()  # a removal is draining it: stop the drain, admit again
             if inst is None:
                 if cmd.action not in (LifecycleAction.ACTIVATE, LifecycleAction.FORK_FROM, LifecycleAction.WARM):
                     return LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=True,
@@ -131,6 +139,14 @@ class LifecycleController:
                     await self._run_step(inst, step, cmd, timings, notes)
             return LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=True,
                                   state=inst.state, detail="; ".join(notes), timings_ms=timings)
+        except DrainResumed:
+            inst.resume_requested.clear()
+            self.host.start_serving(inst)
+            await self._go(inst, S.ACTIVE, cmd, reason="wanted again while draining: admitting again", via="drain")
+            message = f"{cmd.action.value} stopped: the instance was wanted again and resumed"
+            return LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False, state=inst.state,
+                                  detail=message, timings_ms=timings,
+                                  error=ErrorInfo(code=ErrorCode.CANCELLED, message=message))
         except LifecycleFailed as exc:
             return LifecycleReply(command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False,
                                   state=inst.state, detail="; ".join(notes), timings_ms=timings, error=exc.error)
@@ -168,9 +184,12 @@ class LifecycleController:
             timings["release_ms"] = await self._release_everything(inst)
             await self._go(inst, S.COLD, cmd, reason="cleared after a failure", via="release")
         elif step == Step.DRAIN:
+            inst.resume_requested.clear()
             await self._go(inst, S.DRAINING, cmd, reason=f"{cmd.action.value} requested", via="drain")
             drained = await self.host.drain(inst, self.drain_timeout_s)
             timings.update(drained)
+            if inst.resume_requested.is_set():
+                raise DrainResumed()
             notes.append("drained")
         elif step == Step.RESUME:
             self.host.start_serving(inst)

@@ -56,6 +56,9 @@ class ModelInstance:
     in_flight: dict[str, RequestTrack] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one lifecycle operation at a time
+    # set by an activation that arrives while a removal drains this instance: the drain stops and the instance
+    # admits again (the reconciler resumes a draining instance that is wanted again)
+    resume_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.lifecycle = InstanceLifecycle(self.worker_id, self.model, self.instance_id)

@@ -19,6 +19,8 @@ from .helpers import TOKENS_PER_S, assigns, heartbeat, placed, record, rejects, 
 
 def make_core(**knobs) -> DispatcherCore:
     knobs.setdefault("publish_period_ms", 60_000.0)  # load windows out of the way of the wakeups under test
+    # the paper's overload rule (reject at once) unless a test asks for requeue, the default, by name
+    knobs.setdefault("overload", OverloadPolicy.REJECT)
     return DispatcherCore(DispatchPolicy(**knobs), ThroughputPrefillModel(TOKENS_PER_S))
 
 
@@ -331,12 +333,13 @@ def test_a_request_waits_for_an_instance_to_come_up_when_told_to(algorithm):
     assert core.queue_depth("m") == 0
 
 
-def test_by_default_a_request_waits_five_seconds_for_an_instance():
-    # a worker silent for a moment (a bus failover) must not turn requests away
+def test_by_default_a_request_waits_thirty_seconds_for_an_instance():
+    # a worker silent for a moment (a bus failover), or a cold load, must not turn requests away
     core = make_core()
     core.on_instances(0.0, [])
-    assert core.on_request(0.0, request("r0", 0.0)) == [] and core.next_wakeup_ms() == pytest.approx(5000.0)
-    (reject,) = rejects(core.on_tick(5000.0))
+    assert core.on_request(0.0, request("r0", 0.0)) == [] and core.next_wakeup_ms() == pytest.approx(30_000.0)
+    assert core.on_tick(29_999.0) == []
+    (reject,) = rejects(core.on_tick(30_000.0))
     assert reject.code == ErrorCode.NO_INSTANCE
 
 

@@ -215,3 +215,52 @@ async def test_commands_queued_on_one_instance_run_in_order_and_never_lose_it(ma
     assert cold.ok and cold.state == S.COLD
     assert active.ok and active.state == S.ACTIVE
     assert w.controller.instances["i"].is_ready and "i" in w.pages.owners()
+
+
+class _SlowDrainHost:
+    """A shell whose drain lasts until the instance is wanted again (a long stream still running), as the worker
+    service's drain does."""
+
+    def __init__(self, host) -> None:
+        self._host = host
+
+    def __getattr__(self, name):
+        return getattr(self._host, name)
+
+    async def drain(self, inst, timeout_s: float) -> dict[str, float]:
+        import asyncio
+
+        self._host.calls.append(("drain", inst.instance_id))
+        try:
+            await asyncio.wait_for(inst.resume_requested.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        return {"drain_ms": 1.0}
+
+
+async def test_an_activation_during_a_drain_resumes_the_instance_in_place(make_worker):
+    import asyncio
+
+    w = make_worker()
+    await w.run("i", A.ACTIVATE)
+    inst = w.controller.instances["i"]
+    expected = greedy_tokens(inst.engine)
+    w.controller.host = _SlowDrainHost(w.host)
+    removal = asyncio.create_task(w.run("i", A.WARM))
+    for _ in range(200):
+        if inst.state == S.DRAINING:
+            break
+        await asyncio.sleep(0.01)
+    assert inst.state == S.DRAINING
+    active = await asyncio.wait_for(w.run("i", A.ACTIVATE), 10)
+    removed = await asyncio.wait_for(removal, 10)
+    assert active.ok and active.state == S.ACTIVE, active
+    assert not removed.ok and removed.error.code.value == "cancelled" and removed.state == S.ACTIVE, removed
+    assert [e.to_state for e in w.host.events[-2:]] == [S.DRAINING, S.ACTIVE]
+    assert inst.is_ready and _weight_pages(w, "i") > 0, "the weights never left"
+    assert greedy_tokens(inst.engine) == expected
+    assert not inst.resume_requested.is_set()
+    # a later removal drains (and is not stopped by the old request)
+    w.controller.host = w.host
+    again = await w.run("i", A.WARM)
+    assert again.ok and again.state == S.WARM

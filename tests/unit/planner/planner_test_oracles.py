@@ -18,6 +18,18 @@ from contracts import (
 )
 
 
+# The paper's bare scaler: no burst headroom, no scale-in band, no backlog term, no keep-alive, the old cap. Tests
+# that check one of those rules switch it on by name over this.
+BARE_ELASTIC = dict(load_headroom=1.0, scale_in_headroom=1.0, backlog_drain_s=0.0, keepalive_s=0.0,
+                    max_num_replicas=64)
+
+
+def bare_elastic(**knobs):
+    from planner.core.policy import ElasticPolicy
+
+    return ElasticPolicy(**{**BARE_ELASTIC, **knobs})
+
+
 def features(token_rate_tps: float, input_len_mean: float = 512.0, output_len_mean: float = 128.0) -> LoadFeatures:
     return LoadFeatures(
         token_rate_tps=token_rate_tps, input_len_mean=input_len_mean, input_len_var=0.0,

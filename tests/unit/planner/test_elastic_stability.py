@@ -2,7 +2,7 @@
 counts that do not flap while a load wanders."""
 from __future__ import annotations
 
-from planner_test_oracles import TableOracle, features, window
+from planner_test_oracles import TableOracle, bare_elastic, features, window
 
 from planner.core.elastic import ElasticScaler
 from planner.core.policy import ElasticPolicy
@@ -22,15 +22,15 @@ def _count(scaler: ElasticScaler, rate_rps: float, now_ms: float) -> int:
 
 
 def test_headroom_sizes_replicas_for_a_higher_rate():
-    plain = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
-    roomy = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False,
+    plain = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95, is_debounced=False))
+    roomy = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95, is_debounced=False,
                                                        load_headroom=1.5))
     assert _count(plain, 10.0, 0.0) == _m_star(10.0)
     assert _count(roomy, 10.0, 0.0) == _m_star(15.0) > _m_star(10.0)
 
 
 def test_counts_inside_the_scale_in_band_stay_put():
-    policy = ElasticPolicy(target_attainment=0.95, is_debounced=False, scale_in_headroom=2.0)
+    policy = bare_elastic(target_attainment=0.95, is_debounced=False, scale_in_headroom=2.0)
     scaler = ElasticScaler(TableOracle(), policy)
     high = _count(scaler, 20.0, 0.0)
     assert high == _m_star(20.0)
@@ -47,14 +47,14 @@ def test_counts_inside_the_scale_in_band_stay_put():
 
 
 def test_without_a_band_the_count_follows_the_load_down():
-    scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    scaler = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95, is_debounced=False))
     _count(scaler, 20.0, 0.0)
     assert _count(scaler, 15.0, 500.0) == _m_star(15.0)
 
 
 def test_a_queue_left_behind_is_sized_for_as_well_as_the_arrivals():
     def count(backlog_drain_s: float, queue_depth: int) -> int:
-        scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False,
+        scaler = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95, is_debounced=False,
                                                             backlog_drain_s=backlog_drain_s))
         scaler.observe(window("m", 10.0, 0.0).model_copy(update={"queue_depth": queue_depth}))
         target = scaler.tick(0.0, ["m"], budget_devices=1000).plan.targets[0]
@@ -66,7 +66,7 @@ def test_a_queue_left_behind_is_sized_for_as_well_as_the_arrivals():
 
 
 def test_the_scale_in_hold_keeps_the_largest_recent_count():
-    policy = ElasticPolicy(target_attainment=0.95, is_debounced=False, scale_in_hold_s=10.0)
+    policy = bare_elastic(target_attainment=0.95, is_debounced=False, scale_in_hold_s=10.0)
     scaler = ElasticScaler(TableOracle(), policy)
     high = _count(scaler, 20.0, 0.0)
     assert high == _m_star(20.0) > _m_star(12.0) > _m_star(4.0)
@@ -82,7 +82,7 @@ def test_the_scale_in_hold_keeps_the_largest_recent_count():
 
 
 def test_without_a_hold_a_dip_gives_the_replicas_back():
-    scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    scaler = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95, is_debounced=False))
     _count(scaler, 20.0, 0.0)
     assert _count(scaler, 4.0, 5_000.0) == _m_star(4.0)
 
@@ -97,4 +97,4 @@ def test_unpadded_counts_take_out_headroom_and_backlog():
     assert out["q"] == 6  # 9 replicas sized for 1.5x the rate: 6 carry the measured rate
     assert 1 <= out["b"] < 9  # mostly its queue: the measured rate alone needs far fewer
     assert out["idle"] == 0
-    assert unpadded_counts({"q": 9}, {"q": quiet}, ElasticPolicy()) == {"q": 9}  # nothing padded
+    assert unpadded_counts({"q": 9}, {"q": quiet}, bare_elastic()) == {"q": 9}  # nothing padded

@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_test_oracles import TableOracle, features, window
+from planner_test_oracles import TableOracle, bare_elastic, features, window
 
 from contracts import LoadFeatures
 from planner.core.debounce import Debouncer, agreed
@@ -14,7 +14,7 @@ from planner.core.elastic import ElasticScaler, num_devices, split_prefill_decod
 from planner.core.policy import ElasticPolicy
 from planner.core.replica_search import search_min_replicas
 
-POLICY = ElasticPolicy(target_attainment=0.95, k_sigma=1.0, max_num_replicas=64)
+POLICY = bare_elastic(target_attainment=0.95, k_sigma=1.0, max_num_replicas=64)
 
 
 def _linear_min_m(oracle: TableOracle, model: str, feats: LoadFeatures, target: float, k: float, cap: int) -> int:
@@ -124,7 +124,7 @@ def test_prefill_decode_split():
 
 def test_tick_produces_a_plan_with_predictions_and_reasons():
     oracle = TableOracle(version="v7")
-    scaler = ElasticScaler(oracle, ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    scaler = ElasticScaler(oracle, bare_elastic(target_attainment=0.95, is_debounced=False))
     scaler.observe(window("hot", 20.0, 1000.0))
     scaler.observe(window("idle", 0.0, 1000.0))
     plan = scaler.tick(1000.0, ["hot", "idle"], budget_devices=100).plan
@@ -141,7 +141,7 @@ def test_tick_produces_a_plan_with_predictions_and_reasons():
 
 def test_over_budget_scales_down_proportionally():
     oracle = TableOracle()
-    scaler = ElasticScaler(oracle, ElasticPolicy(target_attainment=0.95, is_debounced=False))
+    scaler = ElasticScaler(oracle, bare_elastic(target_attainment=0.95, is_debounced=False))
     for name, rate in (("a", 30.0), ("b", 15.0), ("c", 1.0)):
         scaler.observe(window(name, rate, 0.0))
     free = scaler.tick(0.0, ["a", "b", "c"], budget_devices=1000).plan
@@ -172,7 +172,7 @@ def test_the_budget_is_never_exceeded(rates, budgets):
 def test_debounce_holds_a_flapping_input_steady():
     # The load flips each tick between two levels whose m* differ by one: the raw plan flaps 3,4,3,4,...
     oracle = TableOracle()
-    scaler = ElasticScaler(oracle, ElasticPolicy(target_attainment=0.95, min_num_disaggregated=100))
+    scaler = ElasticScaler(oracle, bare_elastic(target_attainment=0.95, min_num_disaggregated=100))
     low, high = 4.0, 5.5  # rps (x 640 tokens): m* differ
     m_low = _linear_min_m(oracle, "m", window("m", low, 0).features, 0.95, 1.0, 64)
     m_high = _linear_min_m(oracle, "m", window("m", high, 0).features, 0.95, 1.0, 64)
@@ -192,7 +192,7 @@ def test_debounce_holds_a_flapping_input_steady():
 
 
 def test_a_shrinking_budget_overrides_the_debounce():
-    scaler = ElasticScaler(TableOracle(), ElasticPolicy(target_attainment=0.95))
+    scaler = ElasticScaler(TableOracle(), bare_elastic(target_attainment=0.95))
     for i in range(2):
         scaler.observe(window("m", 20.0, i * 500.0))
         plan = scaler.tick(i * 500.0, ["m"], budget_devices=100).plan

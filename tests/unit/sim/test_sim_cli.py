@@ -28,3 +28,23 @@ def test_cli_writes_summary_and_figure(tmp_path, capsys):
     worst = next(s for s in summary["systems"] if s["system"] == "janus")["worst_apps"]
     assert worst and all(set(w) >= {"name", "model", "num_requests", "token_attainment", "rejected"} for w in worst)
     assert [w["token_attainment"] for w in worst] == sorted(w["token_attainment"] for w in worst)
+    # one source of defaults: what the simulated Janus ran with is what `janus config` says the services run with
+    from runtime.effective import effective_policies
+    from runtime.settings import ClusterConfig
+
+    assert summary["meta"]["policy"] == effective_policies(ClusterConfig())
+
+
+@needs_traces
+def test_cli_runs_janus_with_the_policies_of_a_cluster_yaml(tmp_path):
+    config = tmp_path / "cluster.yaml"
+    config.write_text("planner:\n  elastic:\n    max_num_replicas: 7\ndispatcher:\n  window_s: 3.0\n")
+    code = main(["--apps", "6", "--requests", "2000", "--duration-s", "60", "--window-s", "5", "--devices", "48",
+                 "--systems", "janus", "--processes", "1", "--out", str(tmp_path), "--config", str(config)])
+    assert code == 0
+    policy = json.loads((tmp_path / "summary.json").read_text())["meta"]["policy"]
+    assert policy["planner"]["elastic"]["max_num_replicas"] == 7 and policy["dispatcher"]["window_s"] == 3.0
+    from sim.runner import _systems
+
+    janus = _systems(policy)["janus"]()
+    assert janus.policies() == policy, "the system ran with what the summary says"

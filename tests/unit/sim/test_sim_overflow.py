@@ -2,7 +2,7 @@
 and the model gets elastic replicas within seconds instead of at the next 30 s period."""
 import numpy as np
 
-from planner.core import SteadyPolicy
+from planner.core import PlannerPolicy, SteadyPolicy
 from sim.scenario import build_scenario
 from sim.systems.base import SystemRun
 from sim.systems.janus import JanusControl
@@ -35,7 +35,7 @@ def test_a_steady_models_burst_gets_an_early_plan_and_is_served():
     assert len(early) == control.num_overflow_plans >= 1
     assert 65_000 < early[0].created_unix_ms < 72_000 and "bursty" not in early[0].steady_models
 
-    off = JanusControl("both", steady_policy=SteadyPolicy(overflow_queue_depth=0))
+    off = JanusControl("both", planner_policy=PlannerPolicy(steady=SteadyPolicy(overflow_queue_depth=0)))
     without = SystemRun(scenario, off).run()
     assert not [p for p in _steady_plans(off) if p.trigger == "overflow"]
     assert result.summary.num_failed < without.summary.num_failed

@@ -1,4 +1,4 @@
-"""The elastic pool manager carrying out plans on the simulated fleet."""
+"""The baselines' pool manager carrying out plans on the simulated fleet."""
 from sim.scenario import build_scenario
 from sim.systems.base import ControlPlane, SystemRun
 from sim.systems.pools import PoolManager
@@ -83,31 +83,3 @@ def test_a_model_leaving_both_pools_is_released_at_once():
     assert not steady_inst.is_draining
     pools.apply_elastic({}, 30.0, {})  # no elastic target either
     assert steady_inst.is_draining
-
-
-def test_a_count_that_rises_again_resumes_a_draining_instance_instead_of_launching_one():
-    for resumes in (False, True):
-        trace = Trace.build([100.0] * 3, [0] * 3, [100] * 3, [10] * 3, ("busy",))  # arrivals after the test ends
-        scenario = build_scenario(trace, device_name="nvidia-h200", num_devices=3, tiers=((1.0, ("qwen2-7b",)),))
-        run = SystemRun(scenario, _Idle())
-        run.control.install(run)
-        pools = PoolManager(run, resumes_draining=resumes)
-        pools.apply_elastic({0: (2, 0)}, 0.0, {0: 1.0}, preloaded=True)
-        run.sim.run(until_s=0.001)
-        both = list(pools.elastic[(0, "colocated")])
-        for request, inst in enumerate(both):
-            run.sim.assign(inst, request, 0.001)
-        pools.apply_elastic({0: (1, 0)}, 0.002, {0: 1.0})
-        (first,) = [i for i in both if i.is_draining]
-        (second,) = [i for i in both if not i.is_draining]
-        assert first.executor is not None, "its request still in flight, it drains"
-        assert not run.sim.resume(second, 0.002), "only a draining instance resumes"
-        pools.apply_elastic({0: (2, 0)}, 0.003, {0: 1.0})
-        assert _count(pools, 0) == 2
-        if resumes:
-            assert first.is_ready and not first.is_draining and first in pools.elastic[(0, "colocated")]
-            assert len(run.sim.instances) == 2 and len(run.sim.free_device_ids()) == 1
-            assert run.counters["resumed"] == 1
-        else:  # a new instance on the free device while the old one still drains
-            assert first.is_draining and len(run.sim.instances) == 3 and not run.sim.free_device_ids()
-            assert run.counters["resumed"] == 0

@@ -27,9 +27,13 @@ def recording(tmp_path_factory):
 def test_recording_holds_every_core(recording):
     header, lines = read(recording)
     cores = {line["core"].split("/")[0] for line in lines}
-    assert cores == {"dispatcher", "steady", "elastic", "oracle"}
+    assert cores == {"dispatcher", "steady", "elastic", "oracle", "reconciler"}
     calls = {line["call"] for line in lines}
     assert {"on_request", "on_prefill_done", "on_instances", "on_tick", "plan", "tick", "observe"} <= calls
+    assert {"on_steady_plan", "on_elastic_plan", "observe_heartbeat", "observe_alive", "observe_record",
+            "observe_reply"} <= calls
+    commands = [c for line in lines if line["core"] == "reconciler" and line["decision"] for c in line["decision"]]
+    assert {c[1] for c in commands} >= {"activate", "fork_from"}, "the reconciler placed the simulated Janus"
     assert header["config"]["dispatch_policy"]["algorithm"] == "lst_imh"
 
 
@@ -48,9 +52,12 @@ def test_replay_reports_a_changed_decision(recording, tmp_path):
     assigned["decision"][0][2] = "some-other-instance"
     elastic = next(line for line in lines if line["call"] == "tick")
     elastic["args"]["budget_devices"] = 0  # a different input: the scaler must now decide differently
+    command = next(line for line in lines if line["core"] == "reconciler" and line["decision"])
+    command["decision"][0][2] = "some-other-worker"
     report = replay(header, lines)
     assert not report.is_identical
     assert any(f"#{assigned['seq']} " in m for m in report.mismatches)
+    assert any(f"#{command['seq']} reconciler." in m for m in report.mismatches)
 
 
 def test_replay_refuses_other_files(tmp_path):

@@ -1,0 +1,125 @@
+"""The effective configuration: a cluster YAML (or the defaults) with every policy knob expanded to the value that runs.
+
+One source of defaults: `effective_policies(cluster)` builds the planner and dispatcher policies exactly as the
+services do (`PlannerPolicy(**cluster.planner)`, `DispatchPolicy(**cluster.dispatcher)`) and dumps them as JSON-ready
+dicts, defaults included. `janus config` prints it; the simulator records the same dict for the policies it ran with,
+so a live cluster and a simulated one can be compared knob by knob.
+
+Why here: the function needs both policy classes, and it must be callable from the CLI (runtime) and from the
+simulator (above the services). It cannot live in `planner/` or `dispatcher/` (neither service may import the
+other), nor in a core (cores import no runtime, and `ClusterConfig` is runtime's). `runtime/` owns `ClusterConfig`
+and already leans on a pure core (`settings.py` uses `gateway.core.limits`); the cores never import runtime, so
+there is no cycle. The policy classes are imported inside the function bodies, as `runtime/cli.py` imports services,
+so importing `runtime` never loads a service package (nor the planner core's packing and MILP modules).
+
+`load_cluster` is the checked loader: every mistake in the YAML (missing file, bad YAML, a value out of range, an
+unknown key, in the cluster or in a policy) is a `ConfigError` whose message is one line naming the file and the
+YAML path, e.g. `cluster.yaml: planner.elastic.max_num_replicas: Input should be greater than or equal to 1`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .settings import ClusterConfig
+
+__all__ = ["ConfigError", "effective_config", "effective_policies", "load_cluster"]
+
+
+class ConfigError(ValueError):
+    """A cluster configuration mistake; `str()` is one line naming the file and the YAML path."""
+
+
+def effective_policies(cluster: ClusterConfig) -> dict[str, dict[str, Any]]:
+    """The policies the services run with, every knob expanded: {"dispatcher": {...}, "planner": {...}}.
+
+    JSON-ready (enums as their values). Raises pydantic's ValidationError on a bad knob; `load_cluster` turns that
+    into a ConfigError with the YAML path."""
+    return {section: cls(**getattr(cluster, section)).model_dump(mode="json")
+            for section, cls in _policy_classes().items()}
+
+
+def _policy_classes() -> dict[str, type]:
+    """ClusterConfig section -> the policy model its service builds from it (imported here, not at module top)."""
+    from dispatcher.core.policy import DispatchPolicy
+    from planner.core.policy import PlannerPolicy
+
+    return {"dispatcher": DispatchPolicy, "planner": PlannerPolicy}
+
+
+def effective_config(cluster: ClusterConfig, *, redact_secrets: bool = True) -> dict[str, Any]:
+    """{"cluster": the ClusterConfig as JSON, "policy": effective_policies(cluster)}: what `janus config` prints.
+
+    API keys are masked unless `redact_secrets` is False (the tenants they map to stay visible)."""
+    data = cluster.model_dump(mode="json")
+    if redact_secrets:
+        keys = data["gateway"]["api_keys"]
+        data["gateway"]["api_keys"] = {f"<redacted {i}>": tenant for i, tenant in enumerate(keys.values(), 1)}
+    return {"cluster": data, "policy": effective_policies(cluster)}
+
+
+def load_cluster(path: Path | None, *, check_policies: bool = True) -> ClusterConfig:
+    """The cluster config of a YAML file (None: the defaults), validated, policies included.
+
+    Raises ConfigError (one line: file, YAML path, what is wrong) on any mistake."""
+    import yaml
+    from pydantic import ValidationError
+
+    where = str(path) if path is not None else "default cluster config"
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: not found") from None
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read: {e.strerror or e}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{where}: invalid YAML{_yaml_position(e)}: {_yaml_problem(e)}") from None
+        if data is None:
+            data = {}
+    try:
+        cluster = ClusterConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: {_describe(e)}") from None
+    if check_policies:
+        for section, cls in _policy_classes().items():
+            try:
+                cls(**getattr(cluster, section))
+            except ValidationError as e:
+                raise ConfigError(f"{where}: {_describe(e, prefix=(section,))}") from None
+            except TypeError as e:  # a non-string key (e.g. `planner: {1: 2}`) cannot be a keyword argument
+                raise ConfigError(f"{where}: {section}: {e}") from None
+    return cluster
+
+
+def _describe(error: Any, prefix: tuple = ()) -> str:
+    """Pydantic's errors as one line: `a.b[0].c: message; ...`."""
+    parts = []
+    for err in error.errors(include_url=False):
+        loc = _dotted(prefix + tuple(err.get("loc", ())))
+        msg = " ".join(str(err.get("msg", "invalid")).split())
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or " ".join(str(error).split())
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _yaml_position(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(e: Exception) -> str:
+    problem = getattr(e, "problem", None) or str(e)
+    return " ".join(str(problem).split())

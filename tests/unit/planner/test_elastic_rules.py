@@ -1,0 +1,110 @@
+"""Rules the elastic scaler core owns for the live and the simulated system alike: keep-alive, the budget in devices
+with tensor-parallel groups, and no collapse at saturation."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_test_oracles import TableOracle, bare_elastic, features, window
+
+from planner.core.elastic import ElasticScaler, fit_to_budget
+from planner.core.policy import ElasticPolicy
+from planner.core.replica_search import search_min_replicas
+
+
+def _target(plan, model):
+    return next(t for t in plan.targets if t.model == model)
+
+
+def _count(plan, model) -> int:
+    t = _target(plan, model)
+    return t.num_prefill + t.num_decode
+
+
+def _idle_window(model: str, end_ms: float, **update):
+    return window(model, 0.0, end_ms).model_copy(update=update)
+
+
+# ----------------------------------------------------------------------------------------------- keep-alive
+def test_a_model_with_running_streams_is_not_parked():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=0.0, is_debounced=False))
+    scaler.observe(window("m", 2.0, 0.0))
+    assert _count(scaler.tick(0.0, ["m"], 10).plan, "m") >= 1
+    scaler.observe(_idle_window("m", 5_000.0))  # the window saw no arrival: the search says 0
+    parked = scaler.tick(5_000.0, ["m"], 10).plan
+    assert _count(parked, "m") == 0, "nothing runs and keep-alive is off: parked"
+    kept = scaler.tick(5_500.0, ["m"], 10, in_flight={"m": 3}).plan
+    assert _count(kept, "m") == 1 and "3 running or waiting" in _target(kept, "m").reason
+
+
+def test_a_model_with_requests_queued_at_a_dispatcher_is_not_parked():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=0.0, is_debounced=False))
+    scaler.observe(_idle_window("m", 1_000.0, queue_depth=2))
+    plan = scaler.tick(1_000.0, ["m"], 10).plan
+    assert _count(plan, "m") == 1 and "2 queued" in _target(plan, "m").reason
+
+
+def test_keepalive_holds_one_instance_for_keepalive_s_after_the_last_arrival():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0, is_debounced=False))
+    scaler.observe(window("m", 1.0, 0.0))
+    for now_ms in (10_000.0, 60_000.0):
+        scaler.observe(_idle_window("m", now_ms))
+        plan = scaler.tick(now_ms, ["m"], 10).plan
+        assert _count(plan, "m") == 1 and "keep-alive 60 s" in _target(plan, "m").reason
+    scaler.observe(_idle_window("m", 60_500.0))
+    assert _count(scaler.tick(60_500.0, ["m"], 10).plan, "m") == 0, "past keepalive_s: parked"
+    assert _count(scaler.tick(61_000.0, ["never"], 10).plan, "never") == 0, "never had traffic"
+
+
+def test_keepalive_is_the_default():
+    assert ElasticPolicy().keepalive_s == 60.0
+
+
+# ----------------------------------------------------------------------------------------------- budget in devices
+def test_a_tensor_parallel_instance_takes_its_whole_group_from_the_budget():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(is_debounced=False, min_num_disaggregated=100))
+    scaler.observe(window("big", 20.0, 0.0))
+    scaler.observe(window("small", 20.0, 0.0))
+    free = scaler.tick(0.0, ["big", "small"], 1000, devices_per_instance={"big": 2}).plan
+    want_big, want_small = _count(free, "big"), _count(free, "small")
+    assert _target(free, "big").num_devices_per_instance == 2
+    assert free.num_devices_used == 2 * want_big + want_small
+    budget = want_big + want_small  # room for about half of it, in devices
+    plan = scaler.tick(500.0, ["big", "small"], budget, devices_per_instance={"big": 2}).plan
+    assert plan.is_scaled_down and plan.num_devices_used <= budget
+    assert plan.num_devices_used == 2 * _count(plan, "big") + _count(plan, "small")
+    assert _count(plan, "big") >= 1 and _count(plan, "small") >= 1
+
+
+@given(desired=st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 40), min_size=1),
+       tp=st.dictionaries(st.sampled_from("abcdef"), st.sampled_from([1, 2, 4, 8])),
+       budget=st.integers(0, 120))
+@settings(max_examples=300, deadline=None)
+def test_fit_to_budget_never_overruns_and_never_gives_more_than_wanted(desired, tp, budget):
+    out = fit_to_budget(desired, budget, tp, {m: float(n) for m, n in desired.items()}, None)
+    assert sum(n * tp.get(m, 1) for m, n in out.items()) <= max(budget, 0) or out == desired
+    assert all(0 <= out[m] <= desired[m] for m in desired)
+    if sum(n * tp.get(m, 1) for m, n in desired.items()) <= budget:
+        assert out == desired
+    # a model left without an instance could not have had one: no whole group was left
+    left = budget - sum(n * tp.get(m, 1) for m, n in out.items())
+    assert all(out[m] > 0 or desired[m] == 0 or tp.get(m, 1) > left for m in desired)
+
+
+# ----------------------------------------------------------------------------------------------- saturation
+def test_saturation_keeps_the_cap_instead_of_collapsing_to_one():
+    # overloaded at every count the oracle can see: the bound is 0 up to the cap
+    oracle = TableOracle(attainment=lambda model, f, m: 0.0)
+    out = search_min_replicas(oracle, {"m": features(1e6)}, 0.99, 1.0, 64)["m"]
+    assert out.num_replicas == 64 and not out.is_reachable
+    scaler = ElasticScaler(TableOracle(attainment=lambda model, f, m: 0.0),
+                           bare_elastic(is_debounced=False, max_num_replicas=64, min_num_disaggregated=100))
+    scaler.observe(window("m", 50.0, 0.0))
+    plan = scaler.tick(0.0, ["m"], 40).plan
+    assert _target(plan, "m").desired_replicas == 64
+    assert _count(plan, "m") == 40, "the budget, not a collapse, limits it"
+    assert "saturated" in _target(plan, "m").reason and "unreachable" in plan.reason
+
+
+def test_a_bound_that_plateaus_below_the_target_still_takes_its_saturation_point():
+    oracle = TableOracle(attainment=lambda model, f, m: min(0.9, 0.1 * m))
+    assert search_min_replicas(oracle, {"m": features(1000.0)}, 0.95, 1.0, 64)["m"].num_replicas == 9
