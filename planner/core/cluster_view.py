@@ -75,7 +75,7 @@ class ClusterView:
         self._heartbeats[hb.worker_id] = hb
         if prev is None:
             self._ordered_workers = []  # a new worker: sorted again when asked
-        self._index(hb)
+        self._index(hb, prev)
 
     def on_record(self, record: InstanceRecord) -> None:
         old = self._records.get(record.instance_id)
@@ -96,8 +96,16 @@ class ClusterView:
             self._ready_ids.discard(instance_id)
             self.records_version += 1
 
-    def _index(self, hb: WorkerHeartbeat) -> None:
+    def _index(self, hb: WorkerHeartbeat, prev: WorkerHeartbeat | None = None) -> None:
         wid = hb.worker_id
+        if prev is not None and self._same_shape(prev, hb):  # only load counts moved: the cheap path
+            seen = self._seen
+            for old, st in zip(prev.instances, hb.instances):
+                if old is not st:
+                    seen[st.instance_id] = entry = SeenInstance(wid, st)
+                    if st.instance_id in self._draining:
+                        self._draining[st.instance_id] = entry
+            return
         for iid in self._by_worker.get(wid, ()):
             s = self._seen.get(iid)
             if s is not None and s.worker_id == wid:
@@ -115,6 +123,18 @@ class ClusterView:
             self._warm[wid] = {st.model for st in hb.instances if st.state == ModelState.WARM}
             self.structure_version += 1
             self._cache.clear()
+
+    @staticmethod
+    def _same_shape(prev: WorkerHeartbeat, hb: WorkerHeartbeat) -> bool:
+        """The same instances in the same states, in the same order (their load counts aside)."""
+        if len(prev.instances) != len(hb.instances):
+            return False
+        for old, st in zip(prev.instances, hb.instances):
+            if old is not st and (old.instance_id != st.instance_id or old.state != st.state or old.model != st.model
+                                  or old.role != st.role or old.pool != st.pool
+                                  or old.peer_worker_ids != st.peer_worker_ids):
+                return False
+        return True
 
     # -- queries -----------------------------------------------------------------------------------------------
 

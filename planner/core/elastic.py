@@ -182,6 +182,17 @@ class ElasticScaler:
                 self._debouncer.force(raw)
                 notes.append("budget shrank: applied without debounce")
         used = sum(num_devices(v) * tp[m] for m, v in applied.items())
+        # A model's first instance is not held back: without one, each of its requests waits (or is turned away).
+        # The debounce holds changes of a count; a model going from none to some gets one at once, the rest when
+        # two plans agree.
+        started = [m for m in models if num_devices(applied[m]) == 0 and num_devices(raw[m]) > 0]
+        for m in sorted(started, key=lambda m: (-token_rate[m], m)):
+            if used + tp[m] <= budget_devices:
+                applied = {**applied, m: (1, 0)}
+                used += tp[m]
+                held.discard(m)
+        if started and p.is_debounced:
+            self._debouncer.force(applied)
         self._applied = dict(applied)
         targets = tuple(
             ElasticTarget(
@@ -325,4 +336,6 @@ class ElasticScaler:
         why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")
         if is_held:
             why += f"; held at {applied[0]}/{applied[1]}: the last two plans disagree"
+        elif applied != raw and num_devices(applied) == 1:
+            why += "; its first instance at once, the rest when two plans agree"
         return why

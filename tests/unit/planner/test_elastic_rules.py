@@ -108,3 +108,14 @@ def test_saturation_keeps_the_cap_instead_of_collapsing_to_one():
 def test_a_bound_that_plateaus_below_the_target_still_takes_its_saturation_point():
     oracle = TableOracle(attainment=lambda model, f, m: min(0.9, 0.1 * m))
     assert search_min_replicas(oracle, {"m": features(1000.0)}, 0.95, 1.0, 64)["m"].num_replicas == 9
+
+
+def test_a_models_first_instance_is_not_held_back_by_the_debounce():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(min_num_disaggregated=100))
+    scaler.observe(window("m", 20.0, 0.0))
+    first = _target(scaler.tick(0.0, ["m"], 100).plan, "m")
+    assert (first.num_prefill, first.num_decode) == (1, 0) and first.desired_replicas > 1
+    assert "first instance at once" in first.reason
+    second = _target(scaler.tick(500.0, ["m"], 100).plan, "m")
+    assert second.num_prefill == second.desired_replicas, "two plans agree: the rest"
+    assert _target(ElasticScaler(TableOracle(), bare_elastic()).tick(0.0, ["m"], 0).plan, "m").num_prefill == 0

@@ -2,6 +2,8 @@
 and what a worker would report coming back (replies, records, heartbeats)."""
 from __future__ import annotations
 
+import dataclasses
+
 from contracts import ElasticPlan, ElasticTarget, LifecycleAction
 from planner.core import Reconciler, ReconcilerPolicy
 from sim.scenario import build_scenario
@@ -20,11 +22,12 @@ class _Idle(ControlPlane):
 
 
 def _fleet(num_devices: int, model: str = "qwen2-7b", policy: ReconcilerPolicy | None = None,
-           device: str = "nvidia-h200"):
+           device: str = "nvidia-h200", is_warm_at_start: bool = True):
     # two requests at t = 0 (no instance yet: turned away), two after the test, which keep the clock running
     # (the later two are long: assigned by hand, they keep a drain going for a while)
     trace = Trace.build([0.0, 0.0, 500.0, 500.0], [0, 1, 0, 1], [100] * 4, [10, 10, 4000, 4000], ("a", "b"))
     scenario = build_scenario(trace, device_name=device, num_devices=num_devices, tiers=((1.0, (model,)),))
+    scenario = dataclasses.replace(scenario, is_warm_at_start=is_warm_at_start)
     run = SystemRun(scenario, _Idle())
     run.control.install(run)
     rec = Reconciler(policy or ReconcilerPolicy())
@@ -70,13 +73,26 @@ def test_a_tensor_parallel_instance_runs_on_the_group_the_reconciler_chose():
     assert len(_live(run, 0)) == 2 and run.counters["fork"] == 1
 
 
-def test_the_first_replica_loads_and_the_others_fork_from_it():
-    run, rec, fleet = _fleet(4)
+def test_the_first_replica_loads_from_disk_and_the_others_fork_from_it():
+    run, rec, fleet = _fleet(4, is_warm_at_start=False)
     effects = _send(run, rec, fleet, {"a": 3}, 0.1)
     assert [c.action for c in effects.commands] == [LifecycleAction.ACTIVATE]
     run.sim.run(until_s=60.0)
     assert len(_live(run, 0)) == 3 and all(i.is_ready for i in _live(run, 0))
     assert run.counters["cold_load"] == 1 and run.counters["fork"] == 2
+
+
+def test_a_model_warm_in_a_peers_host_is_pulled_from_there_not_read_from_disk():
+    run, rec, fleet = _fleet(4)  # a fleet that had been running: model "a" is warm on d0's host
+    effects = _send(run, rec, fleet, {"a": 2}, 0.1)
+    by_worker = {c.worker_id: c for c in effects.commands}
+    assert by_worker["d0"].action == LifecycleAction.ACTIVATE, "d0 holds it warm itself: a warm copy"
+    (pull,) = [c for w, c in by_worker.items() if w != "d0"]
+    assert pull.action == LifecycleAction.FORK_FROM and pull.fork_source.kind == "host_copy"
+    assert pull.fork_source.worker_id == "d0"
+    run.sim.run(until_s=60.0)
+    assert len(_live(run, 0)) == 2 and run.counters["cold_load"] == 0
+    assert run.counters["warm_copy"] == 1 and run.counters["remote_warm"] == 1
 
 
 def test_a_device_still_draining_takes_no_new_model_until_the_drain_is_over():

@@ -33,7 +33,7 @@ def test_recording_holds_every_core(recording):
     assert {"on_steady_plan", "on_elastic_plan", "observe_heartbeat", "observe_alive", "observe_record",
             "observe_reply"} <= calls
     commands = [c for line in lines if line["core"] == "reconciler" and line["decision"] for c in line["decision"]]
-    assert {c[1] for c in commands} >= {"activate", "fork_from"}, "the reconciler placed the simulated Janus"
+    assert "fork_from" in {c[1] for c in commands}, "the reconciler placed the simulated Janus"
     assert header["config"]["dispatch_policy"]["algorithm"] == "lst_imh"
 
 
