@@ -266,6 +266,10 @@ class LifecycleController:
                        notes: list[str]) -> str | None:
         """One way up, ending in VERIFYING; returns None when verified, else why not."""
         entry = {Step.COLD_LOAD: S.LOADING, Step.WAKE: S.WAKING, Step.FORK: S.FORKING}[step]
+        if step == Step.COLD_LOAD and inst.state == S.WARM:
+            # warm without a host copy to wake from (an engine with no weights, or a copy lost): start from cold
+            timings["release_ms"] = await self._release_everything(inst)
+            await self._go(inst, S.COLD, cmd, reason="no host copy to wake from: loading from disk", via="release")
         if inst.state != entry:
             reason = f"{cmd.action.value}" if not notes else f"fallback after: {notes[-1]}"
             await self._go(inst, entry, cmd, reason=reason, via=_via(step, cmd))

@@ -264,3 +264,17 @@ async def test_an_activation_during_a_drain_resumes_the_instance_in_place(make_w
     w.controller.host = w.host
     again = await w.run("i", A.WARM)
     assert again.ok and again.state == S.WARM
+
+
+async def test_a_warm_instance_without_a_host_copy_comes_back_by_a_cold_load(make_worker):
+    # e.g. an engine without weights (the echo engine) parked WARM keeps no host copy: activating it again must not
+    # try WARM -> LOADING (not a transition) but go through COLD
+    w = make_worker()
+    await w.run("i", A.ACTIVATE)
+    assert (await w.run("i", A.WARM)).state == S.WARM
+    inst = w.controller.instances["i"]
+    inst.host = None  # the host copy is gone
+    reply = await w.run("i", A.ACTIVATE)
+    assert reply.ok and reply.state == S.ACTIVE, reply
+    assert [e.to_state for e in w.host.events[-4:]] == [S.COLD, S.LOADING, S.VERIFYING, S.ACTIVE]
+    assert inst.is_ready and greedy_tokens(inst.engine)
