@@ -33,7 +33,7 @@ from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.jetstream import instances_bucket
 from runtime.liveness import PeerLiveness
-from runtime.service import Service
+from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .core.core import DispatcherCore
@@ -100,8 +100,7 @@ class DispatcherService(Service):
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(*self._tasks, what="dispatcher")
 
     # --- inputs ---
     async def _on_request(self, req: GenerateRequest, env: Envelope) -> SubmitAck:

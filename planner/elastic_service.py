@@ -7,13 +7,12 @@ its decision changed, and at least every `planner.elastic_republish_s` (so the s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from contracts import ElasticPlan, ModelLoadWindow, SteadyPlan, WorkerHeartbeat, subjects
 from runtime.bus import Bus, BusError, Envelope
-from runtime.service import Service
+from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
@@ -55,10 +54,7 @@ class ElasticScalerService(Service):
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task, what="elastic scaler")
 
     def health_detail(self) -> dict[str, str]:
         detail = {"ticks": str(self.num_ticks), "published": str(self.num_published),
@@ -81,7 +77,11 @@ class ElasticScalerService(Service):
     async def _periodic(self) -> None:
         while True:
             started = time.monotonic()
-            await self.tick_once()
+            try:
+                await self.tick_once()
+            except Exception:  # noqa: BLE001 - one bad tick must not stop scaling for good
+                self.num_failures += 1
+                log.exception("elastic scaler: tick failed")
             await asyncio.sleep(max(0.0, self.policy.elastic.period_s - (time.monotonic() - started)))
 
     async def tick_once(self) -> ElasticPlan | None:

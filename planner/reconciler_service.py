@@ -24,7 +24,7 @@ from contracts import (
 )
 from runtime.bus import Bus, BusError, Envelope
 from runtime.jetstream import ensure_kv
-from runtime.service import Service
+from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .core.commands import ReconcileEffects
@@ -72,8 +72,7 @@ class ReconcilerService(Service):
         if self._watcher is not None:  # a KV watcher left running makes drain() hang for 30 s
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(*self._tasks, what="reconciler")
 
     def health_detail(self) -> dict[str, str]:
         return {"commands": str(self.num_commands), "failed_actions": str(self.num_failed_actions),

@@ -7,13 +7,12 @@ queue at the dispatchers gets an early plan (trigger "overflow", planner.core.ov
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from contracts import ModelLoadWindow, SteadyPlan, WorkerHeartbeat, subjects
 from runtime.bus import Bus, BusError, Envelope
-from runtime.service import Service
+from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
@@ -56,11 +55,7 @@ class SteadyPlannerService(Service):
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
-        for task in (self._task, self._early):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._task, self._early, what="steady planner")
 
     def health_detail(self) -> dict[str, str]:
         detail = {"plans": str(self.num_plans), "overflow_plans": str(self.num_overflow_plans),
@@ -88,7 +83,11 @@ class SteadyPlannerService(Service):
         await asyncio.sleep(self.policy.startup_delay_s)
         while True:
             started = time.monotonic()
-            await self.plan_once("periodic" if self.num_plans else "startup")
+            try:
+                await self.plan_once("periodic" if self.num_plans else "startup")
+            except Exception:  # noqa: BLE001 - one bad round must not stop planning for good
+                self.num_failures += 1
+                log.exception("steady planner: round failed")
             await asyncio.sleep(max(0.0, self.policy.steady.period_s - (time.monotonic() - started)))
 
     async def plan_once(self, trigger: str = "periodic") -> SteadyPlan | None:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
@@ -34,6 +33,7 @@ log = logging.getLogger("janus.bus")
 T = TypeVar("T")
 ERROR_HEADER = "Janus-Error"
 NO_RESPONDER_RETRY_S = 0.05
+FIRST_CONNECT_TIMEOUT_S = 60.0  # a service (or tool) that cannot reach NATS at all says so instead of waiting forever
 Handler = Callable[[Any, "Envelope"], Awaitable[None]]
 ReplyHandler = Callable[[Any, "Envelope"], Awaitable[BaseModel]]
 
@@ -101,11 +101,15 @@ class Bus:
     @classmethod
     async def connect(cls, url: str, service: str, *, name: str | None = None, user: str | None = None,
                       password: str | None = None, tls: Any = None, connect_timeout_s: float = 5.0,
-                      **options: Any) -> "Bus":
-        """Connect with endless reconnects: a restarted nats-server is found again on its own."""
+                      first_connect_timeout_s: float | None = FIRST_CONNECT_TIMEOUT_S, **options: Any) -> "Bus":
+        """Connect with endless reconnects: a restarted nats-server is found again on its own. The first connection
+        is tried again and again too (`connect_timeout_s` each), but for `first_connect_timeout_s` at most: past
+        that, ConnectionError names the server and the last error (None: keep trying)."""
         holder: list[Bus] = []
+        errors: list[Exception] = []
 
         async def on_error(exc: Exception) -> None:
+            errors[:] = [exc]
             if not (holder and holder[0].is_closing):
                 log.warning("%s: nats error: %s", service, exc)
 
@@ -118,11 +122,23 @@ class Bus:
             if holder:
                 holder[0].num_reconnects += 1
 
-        nc = await nats.connect(
+        nc = NatsClient()
+        connecting = asyncio.ensure_future(nc.connect(
             servers=url.split(","), name=name or f"janus-{service}", user=user, password=password, tls=tls,
             allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
             connect_timeout=connect_timeout_s, error_cb=on_error, disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect, **options)
+            reconnected_cb=on_reconnect, **options))
+        try:
+            await asyncio.wait({connecting}, timeout=first_connect_timeout_s)
+        finally:
+            if not connecting.done():  # past the deadline, or we are cancelled (asked to stop)
+                await _give_up_connecting(nc, connecting, connect_timeout_s)
+        failure = None if connecting.cancelled() else connecting.exception()
+        if connecting.cancelled() or failure is not None:  # given up on past the deadline, or refused for good
+            await _close_quietly(nc)
+            last = errors[0] if errors else failure
+            within = f" within {first_connect_timeout_s:g} s" if first_connect_timeout_s is not None else ""
+            raise ConnectionError(f"{service}: no connection to NATS at {url}{within} (last error: {last})")
         bus = cls(nc, service)
         holder.append(bus)
         return bus
@@ -291,6 +307,27 @@ class Bus:
                 await self.nc.close()
         elif not self.nc.is_closed:
             await self.nc.close()
+
+
+async def _give_up_connecting(nc: NatsClient, connecting: asyncio.Future, connect_timeout_s: float) -> None:
+    """End nats-py's endless first-connection loop. Cancelling it is not enough: on Python 3.11 its
+    asyncio.wait_for(open_connection) can turn the cancellation into the refusal it was handling, and the loop just
+    tries again (forever). A finite number of attempts makes it give up by itself, within an attempt or two."""
+    nc.options["max_reconnect_attempts"] = 1
+    connecting.cancel()
+    await asyncio.wait({connecting}, timeout=2 * connect_timeout_s + 1.0)
+    if not connecting.done():
+        log.error("gave up connecting to NATS, but nats-py goes on trying")
+    elif not connecting.cancelled():
+        connecting.exception()  # retrieved: the caller reports it
+    await _close_quietly(nc)
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    try:
+        await asyncio.wait_for(nc.close(), 5.0)
+    except Exception:  # noqa: BLE001 - never connected, or already closed
+        pass
 
 
 class _Refused:

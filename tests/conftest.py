@@ -6,6 +6,14 @@ from pathlib import Path
 
 import pytest
 
+# a hung or leaky test fails by itself, and what it left is stopped (tests/task_guard.py)
+from tests.task_guard import (  # noqa: F401 - fixtures and hooks, registered by being here
+    no_service_outlives_its_module,
+    nothing_outlives_its_test,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -78,36 +86,3 @@ def span_exporter():
     exporter = InMemorySpanExporter()
     setup_tracing("janus-tests", exporter)
     return exporter
-
-
-def _live_children() -> set[int]:
-    """Processes this test session started that are still running (zombies excluded)."""
-    pid = os.getpid()
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split() if (task / "children").exists() else []
-        for child in children:
-            stat = Path(f"/proc/{child}/stat")
-            if stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z":
-                out.add(int(child))
-    return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-async def no_service_outlives_its_module(request):
-    """Every test shares one nats-server: a service left running would answer another module's requests."""
-    import asyncio
-
-    children_before = _live_children()
-    yield
-    await asyncio.sleep(0)
-    left = [t for t in asyncio.all_tasks() if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "run_service"]
-    for _ in range(50):  # a service stops gracefully; give it a moment
-        if not left:
-            break
-        await asyncio.sleep(0.1)
-        left = [t for t in left if not t.done()]
-    stray = _live_children() - children_before - {os.getpid()}
-    stray = {p for p in stray if "nats-server" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")}
-    assert not left, f"{request.module.__name__} left {len(left)} service task(s) running"
-    assert not stray, f"{request.module.__name__} left processes running: {sorted(stray)}"

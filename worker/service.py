@@ -39,7 +39,7 @@ from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.catalog import max_model_len, model_dir
 from runtime.jetstream import ensure_kv
-from runtime.service import Service
+from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .compactor import Compactor
@@ -155,8 +155,10 @@ class WorkerService(Service):
                 log.warning("%s: %s still busy at stop", self.worker_id, inst.instance_id)
             await self._delete_record(inst)
         self._engine_loop.stop()
-        for task in self._tasks:
-            task.cancel()
+        try:  # cancelled until they end: a heartbeat loop that outlived its worker would beat on forever
+            await cancel_and_wait(*self._tasks, what=f"{self.worker_id} stopping")
+        except TimeoutError:
+            log.exception("%s: background tasks still running at stop", self.worker_id)
         if self.transfer is not None:
             self.transfer.close()
         if self.pages is not None:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Mapping
 
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
+
+log = logging.getLogger("tests.bus.cluster")
 
 
 @dataclass
@@ -27,17 +31,20 @@ class InProcessCluster:
         return self.gateway.url
 
     async def stop(self) -> None:
-        for name in ("gateway", *[n for n in self.services if n != "gateway"]):
-            self.services[name].stopped.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        gateway_first = {"gateway": self.gateway, **self.services}
+        await stop_services(gateway_first, self.tasks)
 
 
 async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_workers: int = 1,
-                        tag: str = "t") -> InProcessCluster:
+                        tag: str = "t", worker_cls: type | None = None) -> InProcessCluster:
+    """worker_cls: a WorkerService subclass to run instead (e.g. one whose engine is slowed down on purpose)."""
     from dispatcher.service import DispatcherService
     from gateway.service import GatewayService
     from worker.service import WorkerService
 
+    worker_cls = worker_cls or WorkerService
+
+    await forget_earlier_clusters(nats_url)
     cluster = ClusterConfig.model_validate(config)
     state_dir = models_dir.parent
 
@@ -47,7 +54,7 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     out = InProcessCluster()
     for i in range(num_workers):
         wid = f"{tag}-worker-{i}"
-        out.services[wid] = WorkerService(settings(wid), cluster, worker_id=wid)
+        out.services[wid] = worker_cls(settings(wid), cluster, worker_id=wid)
     out.services["dispatcher"] = DispatcherService(settings(f"{tag}-dispatcher"), cluster)
     out.services["gateway"] = GatewayService(settings(f"{tag}-gateway"), cluster, port=0)
     for svc in out.services.values():
@@ -67,6 +74,23 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     return out
 
 
+async def forget_earlier_clusters(nats_url: str) -> None:
+    """Empty the instance registry of the session's nats-server: records an earlier module's cluster left (its
+    workers stopped, nobody marked them gone) would otherwise be routed to by this cluster's dispatcher, and a
+    request sent there waits for a worker that no longer exists."""
+    from contracts import subjects
+    from runtime.bus import Bus
+
+    bus = await Bus.connect(nats_url, "test-cleanup")
+    try:
+        try:
+            await bus.js.delete_key_value(subjects.INSTANCES_BUCKET)
+        except Exception:  # noqa: BLE001 - no bucket yet: nothing to forget
+            pass
+    finally:
+        await bus.close()
+
+
 async def wait_until(predicate, *, timeout_s: float, tasks=(), interval_s: float = 0.05) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -78,3 +102,40 @@ async def wait_until(predicate, *, timeout_s: float, tasks=(), interval_s: float
         if loop.time() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(interval_s)
+
+
+STOP_TIMEOUT_S = 90.0  # a worker drains for 30 s at most, then releases; a service slower than this is stuck
+
+
+async def stop_services(services: Mapping[str, Service], tasks: Iterable[asyncio.Task], *,
+                        timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Ask the services to stop (in this order) and wait for `tasks` (their run_service tasks, and helpers the caller
+    has cancelled) to end, `timeout_s` at most: the ones still running then are cancelled, and TimeoutError names
+    each with where it waited. A service's own failure is logged, not raised (as gather(return_exceptions=True) did)."""
+    from tests.task_guard import await_chain
+
+    for service in services.values():
+        service.stopped.set()
+    tasks = list(tasks)
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in done:  # a service that failed (a periodic loop that died, say) is logged, not raised
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s ended with an error", _label(task), exc_info=task.exception())
+    if not pending:
+        return
+    stuck = []
+    for task in pending:
+        stuck.append(f"- {_label(task)}:\n{await_chain(task)}")
+        task.cancel()
+    await asyncio.wait(pending, timeout=5.0)
+    raise TimeoutError(f"{len(pending)} of {len(tasks)} service task(s) did not stop within {timeout_s:g} s:\n"
+                       + "\n".join(stuck))
+
+
+def _label(task: asyncio.Task) -> str:
+    """`name instance` of the service a run_service task runs, else the task's name."""
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    service = frame.f_locals.get("service") if frame is not None else None
+    return f"{service.name} {service.instance}" if isinstance(service, Service) else task.get_name()

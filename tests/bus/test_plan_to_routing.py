@@ -20,6 +20,7 @@ from contracts import (
 )
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.bus.cluster import stop_services
 from tests.scrape import samples, scrape
 from tests.unit.planner.planner_bus_helpers import (
     assert_jump_in_audit,
@@ -151,7 +152,5 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
         assert sum(samples(planner, "janus_planner_plans_total", planner="steady")) >= 1
         assert 0 < sum(samples(planner, "janus_planner_decision_seconds", planner="elastic")) < 10
     finally:
-        for s in services.values():
-            s.stopped.set()
         tasks[0].cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_services(services, tasks)

@@ -12,6 +12,13 @@ from ..scrape import samples, scrape
 from .cluster import start_cluster
 
 
+# What a client waits for an answer. httpx's 5 s default is the gateway's own submit timeout: late in a full bus run
+# one request in a few hundred reaches the dispatcher only when that timeout ends (the gateway's publish sits unsent
+# until then; seen with the in-process cluster only), and with requeue (the default) it is then served late, not
+# refused. These tests check what comes back, not how fast.
+CLIENT_TIMEOUT_S = 30.0
+
+
 @pytest.fixture(scope="module")
 async def echo_cluster(nats_url, demo_models_dir, span_exporter):
     config = {
@@ -25,7 +32,7 @@ async def echo_cluster(nats_url, demo_models_dir, span_exporter):
 
 
 async def test_non_streamed_completion_returns_text_and_usage(echo_cluster):
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [11, 12, 13],
                                                         "max_tokens": 5})
     assert r.status_code == 200, r.text
@@ -38,7 +45,7 @@ async def test_non_streamed_completion_returns_text_and_usage(echo_cluster):
 
 async def test_streamed_chat_arrives_as_sse_chunks_then_done(echo_cluster):
     chunks = []
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         async with client.stream("POST", "/v1/chat/completions", json={
                 "model": "demo-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "stream": True, "stream_options": {"include_usage": True}}) as r:
@@ -57,7 +64,7 @@ async def test_streamed_chat_arrives_as_sse_chunks_then_done(echo_cluster):
 
 
 async def test_models_are_listed(echo_cluster):
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         r = await client.get("/v1/models")
     assert {m["id"] for m in r.json()["data"]} == {"demo-tiny", "demo-small"}
 
@@ -74,7 +81,7 @@ async def test_bad_input_gets_an_openai_error_and_never_reaches_the_dispatcher(e
                                                                                param):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     before = echo_cluster.dispatcher.num_received
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         r = await client.post(path, json=body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -84,7 +91,7 @@ async def test_bad_input_gets_an_openai_error_and_never_reaches_the_dispatcher(e
 
 async def test_malformed_json_and_oversized_bodies(echo_cluster):
     before = echo_cluster.dispatcher.num_received
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         r = await client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
         big = {"model": "demo-tiny", "prompt": "x" * (2 << 20), "max_tokens": 1}
@@ -95,7 +102,7 @@ async def test_malformed_json_and_oversized_bodies(echo_cluster):
 
 async def test_one_request_is_one_trace_across_gateway_dispatcher_and_worker(echo_cluster, span_exporter):
     span_exporter.clear()
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [7], "max_tokens": 2})
     assert r.status_code == 200
     spans = span_exporter.get_finished_spans()
@@ -108,7 +115,7 @@ async def test_one_request_is_one_trace_across_gateway_dispatcher_and_worker(ech
 
 
 async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(echo_cluster):
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         for _ in range(3):
             r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": [9, 8], "max_tokens": 3})
             assert r.status_code == 200
@@ -131,7 +138,7 @@ async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(
 
 async def test_worker_metrics_show_pages_transitions_and_batches(echo_cluster):
     worker = echo_cluster.services["echo-worker-0"]
-    async with httpx.AsyncClient(base_url=echo_cluster.url) as client:
+    async with httpx.AsyncClient(base_url=echo_cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
         for _ in range(2):
             r = await client.post("/v1/completions", json={"model": "demo-small", "prompt": [3, 4], "max_tokens": 2})
             assert r.status_code == 200

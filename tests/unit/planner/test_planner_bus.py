@@ -33,6 +33,7 @@ from contracts import (
 from runtime.jetstream import ensure_kv
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.bus.cluster import stop_services
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +141,5 @@ async def test_load_jump_reaches_the_dispatcher_through_plans_and_commands(nats_
         # The audit stream has it all, in order: the jump's plan, its commands, their success.
         await assert_jump_in_audit(nats_url, tmp_path, jump.plan_id, new)
     finally:
-        for s in services.values():
-            s.stopped.set()
         tasks[0].cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_services(services, tasks)
