@@ -7,7 +7,7 @@ leaves, in this order of preference for each model and role:
 1. keep: an instance that is there already (or that the placer placed before and is still coming up) stays while
    it is still wanted, ready and busy ones first;
 2. resume: a draining instance of the model in that role is admitted again (its weights never left) before
-   anything new is placed (`ReconcilerPolicy.resumes_draining`);
+   anything new is placed, the least busy first (`ReconcilerPolicy.resumes_draining`);
 3. place: a free device, preferring one that holds the model warm (a fast wake). A device an instance still
    occupies (loading, serving or draining) is not free: its drain finishes first.
 
@@ -127,7 +127,7 @@ class ElasticPlacer:
                 continue
             load = st.num_waiting + st.num_running
             if st.state == ModelState.DRAINING:
-                draining.setdefault(key, []).append((iid, (-load, iid), seen.worker_ids))
+                draining.setdefault(key, []).append((iid, (load, iid), seen.worker_ids))
             else:
                 by_key.setdefault(key, []).append((iid, (iid not in ready, -load, iid), seen.worker_ids))
         for iid, s in self._slots.items():
@@ -142,8 +142,8 @@ class ElasticPlacer:
                         add(iid, key[0], key[1], workers)
 
         take(by_key)
-        # 2. resume: draining instances of a model and role still short, the busiest first (the furthest from
-        # leaving; the others free their devices sooner)
+        # 2. resume: draining instances of a model and role still short, the least busy first (the most room for
+        # the new work the count rose for; the busier ones go on draining)
         if self.resumes_draining:
             take(draining)
         # 3. place on free devices, the most starved model first

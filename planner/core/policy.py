@@ -61,9 +61,11 @@ class ElasticPolicy(_Policy):
     period_s: float = Field(default=0.5, gt=0)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
     k_sigma: float = Field(default=1.0, ge=0, description="attainment bound = mean - k*sigma")
-    # 256: the busiest model of a 768-device fleet needs ~60 instances in calm periods; at 64 a burst made the
-    # target unreachable at the cap.
-    max_num_replicas: int = Field(default=256, ge=1, description="per model; the binary search's upper end")
+    # 512: the cap should not bind before the budget does. The busiest model of the simulator's 768-device headline
+    # (32B at tp 2: at most 383 instances) needs ~60 instances in calm periods and ~250 at its peak; at 64 a burst
+    # made the target unreachable, at 256 its peak did (bound 0.978 at the cap): 0.9910 -> 0.9915 token attainment
+    # at 512 (docs/bench/sim.md, run 21).
+    max_num_replicas: int = Field(default=512, ge=1, description="per model; the binary search's upper end")
     search_mode: str = Field(default="bisect", pattern="^(bisect|grid)$",
                              description="ask the oracle one m per round, or every m at once (replica_search.py)")
     saturation_eps: float = Field(default=0.005, ge=0, description="unreachable target: least m within this "
