@@ -3,7 +3,13 @@
 In: CapacityQuery / ElasticityQuery (request/reply, queue group `oracles`), model load windows (online learning),
 worker heartbeats (how many replicas each model has, to label the windows). Out: the replies. Refits run in a
 background thread (BackgroundRefitter); the handlers only read the current predictors, so a refit never delays a
-reply. Training sets named in the cluster config (`oracle.training_sets`, TrainingSet JSON) are loaded at start.
+reply. Training sets (TrainingSet JSON) are loaded at start: those named in the cluster config
+(`oracle.training_sets`) and `<state_dir>/oracle/<model>.json` for each configured model (what `janus profile`
+writes).
+
+The oracle reports itself on /metrics (oracle/metrics.py): per model and GP kind, where answers come from, training
+points, fits and their age (oracle.core.fitlog); per model, the rolling error of its attainment predictions against
+the windows it learns from, each predicted before it is learnt (oracle.core.drift).
 
 Roofline profiles: each model's shape comes from its checkpoint's config.json; the device is the H200 for CUDA
 workers and this CPU (calibrated at start, HBM = the worker's page pool) otherwise.
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from dataclasses import fields, replace
 from pathlib import Path
@@ -33,7 +40,10 @@ from runtime.bus import Bus, BusError, Envelope
 from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
-from .core import ModelProfile, OraclePolicy, TrainingSet, UnknownModelError
+from . import metrics
+from .core import ModelProfile, Oracle, OraclePolicy, TrainingSet, UnknownModelError
+from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
+from .core.fitlog import FitLog
 from .core.refit import BackgroundRefitter
 from .gp import gp_oracle
 from .roofline import Efficiency, RooflineModel
@@ -51,6 +61,27 @@ def _policy_from(knobs: dict) -> OraclePolicy:
     return OraclePolicy(**{k: v for k, v in knobs.items() if k in names})
 
 
+class _RecordedRefits:
+    """What BackgroundRefitter calls on the oracle, with each fit's outcome recorded per model and kind (the
+    refitter itself counts only totals)."""
+
+    def __init__(self, oracle: Oracle, service: "OracleService") -> None:
+        self.oracle = oracle
+        self.service = service
+
+    def due_for_refit(self, now_s: float):
+        return self.oracle.due_for_refit(now_s)
+
+    def refit(self, model: str, kind, now_s: float) -> str:
+        try:
+            version = self.oracle.refit(model, kind, now_s)
+        except Exception as exc:
+            self.service._record_fit(model, kind, error=f"{type(exc).__name__}: {exc}")
+            raise  # the refitter logs it and keeps the previous model
+        self.service._record_fit(model, kind)
+        return version
+
+
 class OracleService(Service):
     name = "oracle"
 
@@ -61,10 +92,17 @@ class OracleService(Service):
         self._replicas: dict[str, dict[str, int]] = {}  # worker -> model -> serving instances
         self.num_queries = 0
         self.num_windows_learnt = 0
+        self.drift = DriftTracker(max_windows=int(cluster.oracle.get("drift_windows", DEFAULT_MAX_WINDOWS)),
+                                  k_sigma=float(cluster.oracle.get("drift_k_sigma", DEFAULT_K_SIGMA)))
+        self.fits = FitLog()
+        self.training_sets_loaded: list[str] = []
+        self._report_lock = threading.Lock()  # the fit log is written from the refit thread, read from the loop
 
     async def start(self, bus: Bus) -> None:
         await asyncio.to_thread(self._load_profiles)
-        self.refitter = BackgroundRefitter(self.oracle, clock=time.monotonic, on_refit=self._on_refit)
+        self._observe_status()
+        self.refitter = BackgroundRefitter(_RecordedRefits(self.oracle, self), clock=time.monotonic,  # type: ignore
+                                           on_refit=self._on_refit)
         self.refitter.start()
         await bus.serve(subjects.ORACLE_CAPACITY, CapacityQuery, self._on_capacity, queue=subjects.ORACLE_QUEUE)
         await bus.serve(subjects.ORACLE_ELASTICITY, ElasticityQuery, self._on_elasticity,
@@ -81,11 +119,39 @@ class OracleService(Service):
         if self.refitter is not None:
             detail["refits"] = str(self.refitter.num_refits)
             detail["refit_failures"] = str(self.refitter.num_failures)
-        for model in self.oracle.models:
-            versions = self.oracle.versions(model)
-            detail[f"{model}.capacity"] = versions["capacity"]
-            detail[f"{model}.elasticity"] = versions["elasticity"]
+        detail["training_sets"] = ",".join(self.training_sets_loaded)
+        with self._report_lock:
+            rows = self.fits.status(self.oracle, self.configured_models, time.time())
+        for row in rows:
+            detail[f"{row.model}.{row.kind}"] = row.version
+        for kind in ("capacity", "elasticity"):  # which models answer from a GP
+            detail[f"gp.{kind}"] = ",".join(row.model for row in rows if row.kind == kind and row.source == "gp")
+        for model in self.drift.models:
+            summary = self.drift.summary(model)
+            if summary is not None:
+                detail[f"{model}.attainment_abs_error"] = f"{summary.mean_abs_error:.4f}"
         return detail
+
+    @property
+    def configured_models(self) -> list[str]:
+        return [spec.name for spec in self.cluster.models]
+
+    def training_set_paths(self) -> list[tuple[Path, str | None]]:
+        """(path, the model it must hold or None) of every training set to load: those the cluster config names,
+        then `<state_dir>/oracle/<model>.json` of each configured model that has one (each file once)."""
+        out: list[tuple[Path, str | None]] = [(Path(p), None) for p in self.cluster.oracle.get("training_sets", [])]
+        for spec in self.cluster.models:
+            path = self.settings.state_dir / "oracle" / f"{spec.name}.json"
+            if path.is_file():
+                out.append((path, spec.name))
+        seen: set[Path] = set()
+        unique = []
+        for path, model in out:
+            key = path.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append((path, model))
+        return unique
 
     # --- setup (runs in a thread: file reads and a ~1 s CPU calibration) ----------------------------------------
     def _load_profiles(self) -> None:
@@ -104,18 +170,52 @@ class OracleService(Service):
             shape = ModelShape.from_hf_config(json.loads(config_path.read_text()), name=spec.name)
             roofline = RooflineModel(device, shape, efficiency=efficiency)
             self.oracle.register(spec.name, ModelProfile(roofline, spec.ttft_slo_ms, spec.tpot_slo_ms))
-        for path in self.cluster.oracle.get("training_sets", []):
-            try:
-                training_set = TrainingSet.load(path)
-            except (OSError, ValueError) as exc:
-                log.error("oracle: cannot load training set %s: %s", path, exc)
-                continue
-            self.oracle.add_training_set(training_set)
-            log.info("oracle: %s: %d capacity and %d elasticity samples from %s", training_set.model,
-                     len(training_set.capacity), len(training_set.elasticity), path)
+        for path, expected in self.training_set_paths():
+            self._load_training_set(path, expected)
+        if not self.training_sets_loaded:
+            log.info("oracle: no training sets (none named in oracle.training_sets, none in %s): the roofline "
+                     "answers until windows are learnt", self.settings.state_dir / "oracle")
+
+    def _load_training_set(self, path: Path, expected: str | None) -> None:
+        """Load one training set; a file that cannot be read or is not a training set is one log line."""
+        try:
+            training_set = TrainingSet.load(path)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            log.error("oracle: skipping training set %s: %s", path, reason)
+            return
+        if expected is not None and training_set.model != expected:
+            log.error("oracle: skipping training set %s: it holds model %r, not %r", path, training_set.model,
+                      expected)
+            return
+        spec = self.cluster.model(training_set.model)
+        if spec is not None and training_set.ttft_slo_ms and (
+                (training_set.ttft_slo_ms, training_set.tpot_slo_ms) != (spec.ttft_slo_ms, spec.tpot_slo_ms)):
+            log.warning("oracle: %s was measured against SLOs %g/%g ms, the cluster serves %s at %g/%g ms: its "
+                        "attainment labels are for the profile's SLOs", path, training_set.ttft_slo_ms,
+                        training_set.tpot_slo_ms, spec.name, spec.ttft_slo_ms, spec.tpot_slo_ms)
+        self.oracle.add_training_set(training_set)
+        self.training_sets_loaded.append(str(path))
+        log.info("oracle: %s: %d capacity and %d elasticity samples from %s", training_set.model,
+                 len(training_set.capacity), len(training_set.elasticity), path)
 
     def _on_refit(self, model: str, kind: str, version: str) -> None:
         log.info("oracle: refit %s %s -> %s", model, kind, version)
+
+    # --- reporting (oracle.core.fitlog, oracle.core.drift -> oracle.metrics) -----------------------------------
+    def _record_fit(self, model: str, kind: str, error: str | None = None) -> None:
+        """A fit ended (refit thread): count it and refresh the per-GP series."""
+        with self._report_lock:
+            if error is None:
+                self.fits.refitted(model, kind, time.time())
+            else:
+                self.fits.failed(model, kind, time.time(), error)
+        metrics.observe_refit(model, kind, is_ok=error is None)
+        self._observe_status()
+
+    def _observe_status(self) -> None:
+        with self._report_lock:  # set under the lock too: a snapshot from before a refit must not land after it
+            metrics.observe_status(self.fits.status(self.oracle, self.configured_models, time.time()))
 
     # --- handlers ------------------------------------------------------------------------------------------------
     async def _on_capacity(self, query: CapacityQuery, env: Envelope) -> CapacityReply:
@@ -146,7 +246,15 @@ class OracleService(Service):
         return sum(counts.get(model, 0) for counts in self._replicas.values())
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
-        if self.oracle.observe(window, self.num_replicas(window.model)):
+        num_replicas = self.num_replicas(window.model)
+        # scored before it is learnt: the error of a prediction made without this window
+        score = self.drift.score(self.oracle, window, num_replicas, time.time())
+        if score is not None:
+            summary = self.drift.summary(window.model)
+            if summary is not None:
+                metrics.observe_score(score, summary)
+        if self.oracle.observe(window, num_replicas):
             self.num_windows_learnt += 1
+            self._observe_status()  # samples held
             if self.refitter is not None:
                 self.refitter.wake()
