@@ -5,8 +5,11 @@ served by its share of a shared device until then, and its burst queues at the d
 dispatchers' load windows carry their queue depth every 0.5 s; a steady model with requests queued in
 `overflow_num_windows` windows in a row asks for an early steady plan (trigger "overflow"). That plan sees the new
 load: the pool assigner sends a volatile or large model to the elastic pool, where the scaler forks it replicas
-within the next tick; otherwise refit gives it a bin with room. Plans are at least `overflow_min_interval_s` apart,
-so a fleet where everyone queues does not plan continuously."""
+within the next tick; otherwise refit gives it a bin with room. A model triggers an early plan at most every
+`overflow_min_interval_s`, and any two early plans are at least `overflow_min_gap_s` apart, so a fleet where everyone
+queues does not plan continuously. The interval is per model: when it was global, models that kept overflowing
+triggered a plan every 15 s and a model whose burst began just after one waited up to 15 s (a 7B app lost 155
+requests so on the headline's seed 1, docs/bench/sim.md run 22)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -25,6 +28,7 @@ class OverflowWatch:
         # their own (a model whose requests queue at one of two dispatchers still overflows)
         self._queued_in_a_row: dict[tuple[str, str], int] = {}
         self._last_trigger_ms: float | None = None
+        self._model_trigger_ms: dict[str, float] = {}  # a model's last early plan
 
     @property
     def is_enabled(self) -> bool:
@@ -44,16 +48,22 @@ class OverflowWatch:
         return sorted({m for (m, _), n in self._queued_in_a_row.items() if m in steady and n >= need})
 
     def due(self, now_ms: float, steady_models: Iterable[str]) -> list[str]:
-        """The overflowing steady models when an early plan may run now (empty otherwise). Calling it with a
-        non-empty answer counts as a trigger: the next one waits `overflow_min_interval_s`."""
+        """The overflowing steady models when an early plan may run now (empty otherwise): each model at most every
+        `overflow_min_interval_s`, any plan at least `overflow_min_gap_s` after the last. Calling it with a
+        non-empty answer counts as a trigger for those models."""
         if not self.is_enabled:
             return []
+        p = self.policy
         last = self._last_trigger_ms
-        if last is not None and now_ms - last < self.policy.overflow_min_interval_s * 1000.0:
+        if last is not None and now_ms - last < p.overflow_min_gap_s * 1000.0:
             return []
-        models = self.overflowing(steady_models)
+        interval_ms = p.overflow_min_interval_s * 1000.0
+        models = [m for m in self.overflowing(steady_models)
+                  if now_ms - self._model_trigger_ms.get(m, float("-inf")) >= interval_ms]
         if models:
             self._last_trigger_ms = now_ms
+            for m in models:
+                self._model_trigger_ms[m] = now_ms
             for key in [k for k in self._queued_in_a_row if k[0] in models]:
                 del self._queued_in_a_row[key]
         return models

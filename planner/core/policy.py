@@ -50,7 +50,10 @@ class SteadyPolicy(_Policy):
                                       "requests queued at a dispatcher in overflow_num_windows load windows in a row "
                                       "is planned again at once (overflow.py); 0 turns it off")
     overflow_num_windows: int = Field(default=4, ge=1, description="4 windows: 2 s of queueing at the 0.5 s period")
-    overflow_min_interval_s: float = Field(default=15.0, ge=0, description="early plans at most this often")
+    overflow_min_interval_s: float = Field(default=15.0, ge=0, description="a model's own early plans at most this "
+                                           "often")
+    overflow_min_gap_s: float = Field(default=2.0, ge=0, description="any two early plans at least this far apart: "
+                                      "a model that starts to overflow is not kept waiting by another's interval")
 
 
 class ElasticPolicy(_Policy):

@@ -50,3 +50,19 @@ def test_each_dispatchers_windows_count_on_their_own():
         watch.observe(_queued("a", 2, 500.0 * i, dispatcher="d0"))
         watch.observe(_queued("a", 0, 500.0 * i, dispatcher="d1"))
     assert watch.due(1500.0, ["a"]) == ["a"]
+
+
+def test_a_model_that_starts_to_overflow_is_not_kept_waiting_by_anothers_interval():
+    watch = OverflowWatch(SteadyPolicy(overflow_num_windows=2, overflow_min_interval_s=15.0, overflow_min_gap_s=2.0))
+    for t in (0.0, 500.0):
+        watch.observe(_queued("a", 1, t))
+    assert watch.due(500.0, ["a", "b"]) == ["a"]
+    for t in (1000.0, 1500.0, 2000.0, 2500.0):
+        watch.observe(_queued("a", 1, t))
+        watch.observe(_queued("b", 1, t))
+    assert watch.due(2000.0, ["a", "b"]) == [], "two early plans at least 2 s apart"
+    assert watch.due(2500.0, ["a", "b"]) == ["b"], "b's burst is planned at once; a waits out its own interval"
+    for t in (3000.0, 3500.0):
+        watch.observe(_queued("a", 1, t))
+    assert watch.due(5000.0, ["a", "b"]) == []
+    assert watch.due(15_500.0, ["a", "b"]) == ["a"]
