@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from .effective import load_cluster
-    from .launcher import run_up
+    from .launcher import is_profiling_skipped, profile_on_first_start, run_up
     from .service import configure_logging
 
     settings = _settings(args)
@@ -60,8 +60,54 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster = load_cluster(settings.config)  # a mistake: one line naming the YAML path, exit 2 (main)
     if args.nats_nodes > 1 and cluster.jetstream_replicas == 1:
         cluster = cluster.model_copy(update={"jetstream_replicas": min(3, args.nats_nodes)})
+    if not (args.no_profile or is_profiling_skipped()):
+        try:
+            profile_on_first_start(settings, cluster)
+        except KeyboardInterrupt:
+            print("\njanus: interrupted while profiling; nothing was started (the next `janus up` profiles what is "
+                  "still missing)", file=sys.stderr, flush=True)
+            return 130
     return asyncio.run(run_up(settings, cluster, config_path=settings.config, gateway_port=args.port,
                               num_workers=args.workers, num_nats_nodes=args.nats_nodes))
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """`janus profile --model NAME`: the model's TrainingSet, measured on this CPU, in <state_dir>/oracle/NAME.json."""
+    from .effective import ConfigError, load_cluster
+    from .launcher import profile_target, training_set_path
+
+    settings = _settings(args)
+    cluster = load_cluster(settings.config)
+    spec, model_dir = profile_target(cluster, args.model, settings.models_dir)  # ConfigError: one line, exit 2
+    out = Path(args.out) if args.out else training_set_path(settings.state_dir, spec.name)
+
+    from oracle.profile.run import FULL, QUICK, estimate_s, format_duration, partial_path, profile_checkpoint
+
+    plan = QUICK if args.quick else FULL
+    ttft = args.ttft_slo_ms or plan.harness_settings().ttft_slo_ms
+    tpot = args.tpot_slo_ms or plan.harness_settings().tpot_slo_ms
+    try:
+        settings_ = plan.harness_settings(ttft_slo_ms=ttft, tpot_slo_ms=tpot, seed=args.seed,
+                                          max_num_seqs=cluster.workers.max_num_seqs,
+                                          hbm_bytes=cluster.workers.pool_bytes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"janus profile: {spec.name} ({model_dir}) on this CPU, {plan.name} plan: {plan.num_points} points, "
+          f"about {format_duration(estimate_s(plan))} on a 2-core machine; SLOs of the profile: TTFT {ttft:g} ms, "
+          f"TPOT {tpot:g} ms of engine time (the cluster config says {spec.ttft_slo_ms:g} / {spec.tpot_slo_ms:g} ms)",
+          flush=True)
+    try:
+        result = profile_checkpoint(model_dir, out, model=spec.name, plan=plan, settings=settings_,
+                                    extra_meta={"command": "janus profile", "configured_slo_ms":
+                                                {"ttft": spec.ttft_slo_ms, "tpot": spec.tpot_slo_ms}})
+    except KeyboardInterrupt:
+        print(f"\njanus profile: interrupted; {out} not written (what was measured is in {partial_path(out)})",
+              file=sys.stderr, flush=True)
+        return 130
+    except ValueError as exc:  # a checkpoint the profiler cannot drive (KV budget, config): one line
+        raise ConfigError(f"{spec.name}: {exc}") from None
+    print(f"janus profile: {result.summary()}", flush=True)
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -148,7 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, help="number of worker processes")
     up.add_argument("--state-dir", type=Path, help="where models, NATS data and logs go (default .janus)")
     up.add_argument("--nats-nodes", type=int, default=1, help="run NATS as a cluster of this many nodes")
+    up.add_argument("--no-profile", action="store_true",
+                    help="do not profile the demo models that have no oracle training set yet (also: "
+                         "JANUS_NO_PROFILE=1); their oracle answers from the roofline")
     up.set_defaults(fn=cmd_up)
+
+    prof = sub.add_parser("profile", help="measure a model's engine on this CPU: the oracle's training set "
+                          "(<state_dir>/oracle/NAME.json)")
+    prof.add_argument("--model", required=True, help="a model of the cluster config (or a demo model)")
+    prof.add_argument("--config", type=Path, help="cluster YAML (default: $JANUS_CONFIG, else the demo cluster)")
+    prof.add_argument("--quick", action="store_true",
+                      help="27 points instead of 45, shorter runs: minutes, at the price of accuracy (docs/oracle.md)")
+    prof.add_argument("--out", type=Path, help="where to write (default <state_dir>/oracle/NAME.json)")
+    prof.add_argument("--state-dir", type=Path, help="default .janus")
+    prof.add_argument("--ttft-slo-ms", type=float, help="TTFT SLO the profile measures against (default 100)")
+    prof.add_argument("--tpot-slo-ms", type=float, help="TPOT SLO the profile measures against (default 10)")
+    prof.add_argument("--seed", type=int, default=0)
+    prof.set_defaults(fn=cmd_profile)
 
     config = sub.add_parser("config", help="the effective cluster configuration as JSON, every policy knob expanded")
     config.add_argument("--config", type=Path, help="cluster YAML (default: $JANUS_CONFIG, else the built-in "

@@ -22,7 +22,7 @@ from .catalog import ensure_demo_models
 from .nats_server import EmbeddedNats
 from .security import load_or_create_credentials, user_for_service, write_nats_config
 from .services import available_services
-from .settings import ClusterConfig, JanusSettings
+from .settings import ClusterConfig, JanusSettings, ModelSpec
 
 log = logging.getLogger("janus.up")
 
@@ -192,6 +192,88 @@ def nats_cluster(state_dir: Path, num_nodes: int, extra_args: list[str]) -> list
                          extra_args=[*extra_args, "--cluster_name", "janus", "--cluster",
                                      f"nats://127.0.0.1:{route_ports[i]}", "--routes", routes])
             for i in range(num_nodes)]
+
+
+# --- the oracle's training sets: `janus profile`, and profiling on first start -----------------------------------
+
+NO_PROFILE_ENV = "JANUS_NO_PROFILE"
+
+
+def training_set_path(state_dir: Path, model: str) -> Path:
+    """Where a model's profile lives: the oracle service loads `<state_dir>/oracle/<model>.json` at start."""
+    return Path(state_dir) / "oracle" / f"{model}.json"
+
+
+def is_profiling_skipped() -> bool:
+    return os.environ.get(NO_PROFILE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def profile_target(cluster: ClusterConfig, name: str, models_dir: Path) -> tuple[ModelSpec, Path]:
+    """The model `janus profile --model NAME` measures and its checkpoint folder (a demo one is written if
+    missing): the cluster config's model of that name, else the demo model of that name. Anything else is a
+    ConfigError whose message is one line listing the models it could be."""
+    from worker.engine.demo import DEMO_MODELS
+
+    from .catalog import is_complete, model_dir
+    from .effective import ConfigError
+
+    spec = cluster.model(name)
+    if spec is None and name in DEMO_MODELS:
+        spec = ModelSpec(name=name, demo=name)
+    if spec is None:
+        demos = [d for d in DEMO_MODELS if cluster.model(d) is None]
+        raise ConfigError(f"unknown model {name!r}; configured: {', '.join(m.name for m in cluster.models) or 'none'}"
+                          + (f" (or a demo model: {', '.join(demos)})" if demos else ""))
+    if cluster.workers.device != "cpu":
+        raise ConfigError(f"{name}: the cluster's workers run on {cluster.workers.device}; the profiler measures the "
+                          "engine on this CPU only, which would not describe them")
+    if spec.demo:
+        path = ensure_demo_models(ClusterConfig(models=[spec]), models_dir)[spec.name]
+    else:
+        path = model_dir(spec, models_dir)
+        if not is_complete(path):
+            raise ConfigError(f"{name}: no complete Hugging Face checkpoint at {path} (config.json, tokenizer.json "
+                              "and *.safetensors are needed)")
+    return spec, path
+
+
+def profile_on_first_start(settings: JanusSettings, cluster: ClusterConfig) -> list[str]:
+    """Before `janus up` serves: profile (`janus profile --quick`, a child process each, so the launcher never
+    imports torch) every demo model of a CPU cluster that has no training set at `<state_dir>/oracle/<model>.json`
+    yet. Cached: once a model's file exists this does nothing. A model whose profile fails is served anyway (its
+    oracle answers from the roofline). Returns the models profiled. KeyboardInterrupt passes through."""
+    from oracle.profile.run import QUICK, estimate_s, format_duration
+
+    state_dir = Path(settings.state_dir)
+    if cluster.workers.device != "cpu":
+        return []
+    missing = [m.name for m in cluster.models if m.demo and not training_set_path(state_dir, m.name).exists()]
+    others = [m.name for m in cluster.models if not m.demo and not training_set_path(state_dir, m.name).exists()]
+    if others:
+        print(f"janus: no oracle training set for {', '.join(others)}: the oracle answers from its roofline until "
+              f"`janus profile --model NAME` writes one", flush=True)
+    if not missing:
+        return []
+    print(f"janus: first start: profiling {', '.join(missing)} on this CPU so that the planners use learned GPs, not "
+          f"the roofline: about {format_duration(estimate_s(QUICK))} per model here, once (cached in "
+          f"{state_dir / 'oracle'}; `--no-profile` or {NO_PROFILE_ENV}=1 skips)", flush=True)
+    started = time.monotonic()
+    done = []
+    for name in missing:
+        cmd = [sys.executable, "-m", "runtime.cli", "profile", "--model", name, "--quick", "--state-dir",
+               str(state_dir)]
+        if settings.config is not None:
+            cmd += ["--config", str(settings.config)]
+        rc = subprocess.run(cmd, env=dict(os.environ, JANUS_STATE_DIR=str(state_dir))).returncode
+        if rc in (130, -signal.SIGINT):
+            raise KeyboardInterrupt
+        if rc != 0:
+            print(f"janus: profiling {name} failed (exit {rc}); its oracle answers from the roofline", flush=True)
+            continue
+        done.append(name)
+    if done:
+        print(f"janus: profiled {', '.join(done)} in {format_duration(time.monotonic() - started)}", flush=True)
+    return done
 
 
 def _tail(path: Path | None, num_bytes: int = 3000) -> str:

@@ -27,6 +27,7 @@ from .step_cost import fit_step_cost, measure_step_costs
 from .workload import SyntheticRequest, synth_requests
 
 MIB = 1 << 20
+MIN_PILOT_REQUESTS = 8  # the knee search's first pilot has at least this many arrivals
 CLOCKS = ("thread_cpu", "wall", "step_cost")
 _CLOCK_NOTES = {"thread_cpu": "measured thread CPU time", "wall": "measured wall time",
                 "step_cost": "cost by its shape (step_cost.py, fitted at start)"}
@@ -62,10 +63,19 @@ class HarnessSettings:
     # reliably (docs/bench/oracle.md).
     is_speed_corrected: bool = False
     seed: int = 0
+    step_cost_rounds: int = 3  # passes over every step shape when fitting the step-cost clock (quickest kept)
+    # The memory the engine is given, weights + KV (its KV budget is this less the weights): what HBM needs are
+    # fractions of. None: the weights + kv_cache_bytes. `janus profile` sets the cluster's worker page pool, the
+    # device the oracle service's roofline assumes for a CPU worker, so profiled and roofline needs share a unit.
+    hbm_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
             raise ValueError("HarnessSettings: positive duration and SLOs, non-negative drain")
+        if self.step_cost_rounds < 1:
+            raise ValueError("HarnessSettings.step_cost_rounds must be >= 1")
+        if self.hbm_bytes is not None and self.hbm_bytes <= 0:
+            raise ValueError("HarnessSettings.hbm_bytes must be > 0")
         if self.clock not in CLOCKS:
             raise ValueError(f"HarnessSettings.clock: one of {', '.join(CLOCKS)}, not {self.clock!r}")
         if self.clock != "wall" and self.torch_threads != 1:
@@ -141,6 +151,23 @@ def capacity_rps(roofline: RooflineModel, mix: LengthMix, ttft_slo_ms: float, tp
     return lo
 
 
+def stratified_grid(capacities_rps: dict[str, float], mixes: Sequence[LengthMix], replicas: Sequence[int],
+                    bands: Sequence[tuple[float, float]], settings: HarnessSettings) -> list[GridPoint]:
+    """For each (mix, m): one load per band, drawn log-uniformly inside the band (x m x the mix's per-replica
+    capacity). Bands below, around and past 1 put every m below, at and past its knee with few points (the quick
+    profile); the draws keep held-out points off shared grid lines, as random_grid does."""
+    if not bands or any(not 0 < lo <= hi for lo, hi in bands):
+        raise ValueError(f"stratified_grid: bands are (lo, hi) with 0 < lo <= hi, got {bands}")
+    rng = np.random.default_rng(settings.seed)
+    grid = []
+    for mix in mixes:
+        cap = capacities_rps[mix.name]
+        for m in replicas:
+            factors = [math.exp(rng.uniform(math.log(lo), math.log(hi))) for lo, hi in bands]
+            grid.extend(GridPoint(float(f * cap * m), mix, m) for f in sorted(factors))
+    return grid
+
+
 def random_grid(capacities_rps: dict[str, float], mixes: Sequence[LengthMix], replicas: Sequence[int],
                 points_per_cell: int, settings: HarnessSettings, load_range: tuple[float, float] = (0.3, 2.0)) \
         -> list[GridPoint]:
@@ -181,15 +208,27 @@ class Profiler:
         self.model_dir = Path(model_dir)
         config = EngineConfig(kv_cache_bytes=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
                               seed=settings.seed)
-        self.engines = [LLMEngine(self.model_dir, device="cpu", config=config) for _ in range(max_replicas)]
+        first = LLMEngine(self.model_dir, device="cpu", config=config)
+        hf_config = json.loads((self.model_dir / "config.json").read_text())
+        bytes_per_param = first.dtype.itemsize
+        self.shape = ModelShape.from_hf_config(hf_config, name=self.model_dir.name, bytes_per_param=bytes_per_param)
+        self.shape = replace(self.shape, kv_bytes_per_element=bytes_per_param)
+        weight_bytes = self.shape.num_params * bytes_per_param
+        self.kv_cache_bytes = settings.kv_cache_bytes
+        if settings.hbm_bytes is not None:  # the KV budget is what the given memory leaves beside the weights
+            self.kv_cache_bytes = int(settings.hbm_bytes - weight_bytes)
+            if self.kv_cache_bytes < 8 * MIB:
+                raise ValueError(f"{self.model_dir.name}: {settings.hbm_bytes / MIB:.0f} MiB leaves "
+                                 f"{self.kv_cache_bytes / MIB:.0f} MiB beside {weight_bytes / MIB:.0f} MiB of "
+                                 "weights, under the 8 MiB of KV a profile needs")
+            config = replace(config, kv_cache_bytes=self.kv_cache_bytes)
+            first = LLMEngine(self.model_dir, device="cpu", config=config)
+        self.engines = [first] + [LLMEngine(self.model_dir, device="cpu", config=config)
+                                  for _ in range(max_replicas - 1)]
         engine = self.engines[0]
         self.vocab_size = engine.model_config.vocab_size
         self.max_prompt_len = engine.max_model_len - 1
-        hf_config = json.loads((self.model_dir / "config.json").read_text())
-        bytes_per_param = engine.dtype.itemsize
-        self.shape = ModelShape.from_hf_config(hf_config, name=self.model_dir.name, bytes_per_param=bytes_per_param)
-        self.shape = replace(self.shape, kv_bytes_per_element=bytes_per_param)
-        uncalibrated = RooflineModel(cpu_device_for(self.shape.num_params * bytes_per_param, settings.kv_cache_bytes),
+        uncalibrated = RooflineModel(cpu_device_for(weight_bytes, self.kv_cache_bytes),
                                      self.shape, efficiency=Efficiency(max_num_seqs=settings.max_num_seqs))
         self.probe = None
         if settings.is_speed_corrected:
@@ -200,7 +239,8 @@ class Profiler:
             self.probe.calibrate()
         self.step_cost = None
         if settings.clock == "step_cost":
-            self.step_cost = fit_step_cost(measure_step_costs(engine, self.vocab_size, settings.timer))
+            self.step_cost = fit_step_cost(measure_step_costs(engine, self.vocab_size, settings.timer,
+                                                              rounds=settings.step_cost_rounds))
         self.calibration = measure_isolated_steps(engine, self.vocab_size, self._timer())
         self.roofline = RooflineModel(uncalibrated.device, self.shape,
                                       efficiency=fit_efficiency(uncalibrated, self.calibration))
@@ -216,13 +256,22 @@ class Profiler:
         return lambda: base() * factor
 
     def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
-                              max_runs: int = 7) -> tuple[float, list[dict]]:
+                              max_runs: int = 7, on_run: Callable[[dict], None] | None = None) \
+            -> tuple[float, list[dict]]:
         """The per-replica rate where measured attainment (m = 1, short pilot runs) crosses 0.5: double from
-        start_rps until it fails, then bisect in log space. Returns the rate and the pilot runs."""
-        ok, bad, rate, runs = None, None, start_rps, []
+        start_rps until it fails, then bisect in log space. Returns the rate and the pilot runs (`on_run` is
+        called with each as it ends).
+
+        The search starts no lower than MIN_PILOT_REQUESTS arrivals in a pilot: a pilot with no request scores 1.0
+        and says nothing. (demo-small's calibrated roofline put the long mix's knee at 0, below the 100 ms TTFT
+        at any rate; from there five doublings measured only empty pilots and the grid got rates of ~0.)"""
+        ok, bad, runs = None, None, []
+        rate = max(start_rps, MIN_PILOT_REQUESTS / duration_s)
         for i in range(max_runs):
             _, sample, info = self.run_point(GridPoint(rate, mix, 1), 1_000_000 + len(runs), duration_s)
             runs.append({**info, "attainment": sample.attainment})
+            if on_run:
+                on_run(runs[-1])
             if sample.attainment >= 0.5:
                 ok = rate
             else:
@@ -299,7 +348,8 @@ def profile_model(profiler: Profiler, grid: Sequence[GridPoint], model: str | No
             capacity, sample, info = profiler.run_point(point, index)
             out.capacity.extend(capacity)
             out.elasticity.append(sample)
-            out.meta["points"].append({**info, "attainment": sample.attainment})
+            info = {**info, "attainment": sample.attainment}
+            out.meta["points"].append(info)
             if on_point:
                 on_point(index, info)
             if out_path:

@@ -33,8 +33,10 @@ def _processes_mentioning(text: str) -> list[int]:
 def janus_up(tmp_path_factory):
     state = tmp_path_factory.mktemp("up-state")
     janus = Path(sys.executable).parent / "janus"
-    proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(state)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # --no-profile: the first start would otherwise profile both demo models for minutes (the oracle's training
+    # sets); this test is about serving
+    proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(state), "--no-profile"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, lines = None, []
     deadline = time.monotonic() + 300
     while url is None and time.monotonic() < deadline:

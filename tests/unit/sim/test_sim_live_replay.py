@@ -70,7 +70,7 @@ def test_replay_against_janus_up(tmp_path):
                       "  - {name: demo-tiny, demo: demo-tiny, ttft_slo_ms: 60000, tpot_slo_ms: 10000}\n"
                       "  - {name: demo-small, demo: demo-small, ttft_slo_ms: 60000, tpot_slo_ms: 10000}\n")
     proc = subprocess.Popen([str(janus), "up", "--port", "0", "--state-dir", str(tmp_path / "state"),
-                             "--config", str(config)],
+                             "--config", str(config), "--no-profile"],  # no minutes of first-start profiling
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url, deadline = None, time.monotonic() + 300
