@@ -8,7 +8,7 @@ setup:
 	@./scripts/setup.sh
 
 up: setup
-	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),)
+	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),) $(UP_ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
