@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
                    ", ".join(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device-effects", choices=["off", "on"], default="off",
+                   help="on: the simulated devices do what a roofline leaves out (interference, mixed steps, small "
+                   "batches, jitter, fork sources: sim/device_effects.py); off: they run the roofline itself")
     p.add_argument("--config", type=Path, default=None, help="cluster YAML: Janus runs with its planner and "
                    "dispatcher policies (default: the live defaults, as `janus config` prints them)")
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = run_policy(args.config)
     spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
                         duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
-                        device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy)
+                        device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy,
+                        device_effects=args.device_effects)
     console = Console() if Console().is_terminal else Console(width=170)
     trace = spec.build_trace()
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .costmodel import StepCost
+from .device_effects import DeviceEffects, StepEffects
 from .executor import Executor, SimInstance, score_decode_tokens
 from .requests import RequestTable
 
@@ -53,7 +54,7 @@ class Sim:
     `assign`; executors call the hooks below."""
 
     def __init__(self, table: RequestTable, num_devices: int, hbm_bytes_per_device: float,
-                 link_bytes_per_s: float):
+                 link_bytes_per_s: float, effects: DeviceEffects | None = None):
         if num_devices < 1:
             raise ValueError("num_devices must be >= 1")
         self.table = table
@@ -75,6 +76,8 @@ class Sim:
         self.on_done: Callable[[int, float], None] | None = None
         self._next_instance = 0
         self.lifecycle_log: list[tuple[float, str, str, str]] = []  # (time, instance, event, detail)
+        self.effects = effects if effects is not None and not effects.is_off else None
+        self._num_executors = 0
         # told of every instance that became ready or left (a fleet port reports them to the reconciler)
         self.on_ready: list[Callable[[SimInstance, float], None]] = []
         self.on_removed: list[Callable[[SimInstance, float], None]] = []
@@ -180,7 +183,12 @@ class Sim:
             for d in device_ids:
                 if d in self.executor_of_device or not 0 <= d < self.num_devices:
                     raise ValueError(f"device {d} is taken or out of range")
-            executor = Executor(f"ex{device_ids[0]}", tuple(device_ids), self.hbm_bytes_per_device, self)
+            self._num_executors += 1
+            step_effects = None
+            if self.effects is not None:
+                step_effects = StepEffects(self.effects, f"ex{device_ids[0]}-{self._num_executors}")
+            executor = Executor(f"ex{device_ids[0]}", tuple(device_ids), self.hbm_bytes_per_device, self,
+                                step_effects)
             for d in device_ids:
                 self.executor_of_device[d] = executor
         elif executor.device_ids != tuple(device_ids):

@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from .costmodel import StepCost
+from .device_effects import StepEffects
 from .metrics import ON_TIME_EPS_S
 from .requests import RequestTable
 
@@ -51,7 +52,7 @@ class SimInstance:
     __slots__ = ("instance_id", "app", "role", "pool", "cost", "executor", "table", "waiting", "head_done_tokens",
                  "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready",
                  "num_in_flight", "seq", "max_num_batched_tokens", "worker_id", "created_s", "ready_at_s",
-                 "done_unscored")
+                 "done_unscored", "forked_from_until_s")
 
     def __init__(self, instance_id: str, app: int, role: str, pool: str, cost: StepCost, table: RequestTable,
                  max_num_batched_tokens: int = 8192, worker_id: str = ""):
@@ -80,6 +81,7 @@ class SimInstance:
         self.worker_id = worker_id
         self.created_s = 0.0
         self.ready_at_s = 0.0  # when its load and verify end
+        self.forked_from_until_s = 0.0  # a fork is copying its weights until then (device_effects: it runs slower)
         # finished requests whose decode tokens are still to be scored: (request, first segment, end segment),
         # absolute segment indices; scored in batches (score_decode_tokens)
         self.done_unscored: list[tuple[int, int, int]] = []
@@ -103,15 +105,17 @@ class Executor:
 
     __slots__ = ("executor_id", "device_ids", "instances", "kv_capacity_bytes", "kv_used_bytes", "hooks",
                  "is_running", "run_start_s", "run_round_s", "run_num_rounds", "run_end_s", "run_members",
-                 "run_prefill", "version", "busy_s")
+                 "run_prefill", "version", "busy_s", "effects")
 
-    def __init__(self, executor_id: str, device_ids: tuple[int, ...], hbm_bytes: float, hooks: ExecutorHooks):
+    def __init__(self, executor_id: str, device_ids: tuple[int, ...], hbm_bytes: float, hooks: ExecutorHooks,
+                 effects: StepEffects | None = None):
         self.executor_id = executor_id
         self.device_ids = device_ids
         self.instances: list[SimInstance] = []
         self.kv_capacity_bytes = hbm_bytes  # usable bytes per device; weights are taken off as instances arrive
         self.kv_used_bytes = 0.0
         self.hooks = hooks
+        self.effects = effects  # what the device does beyond the roofline (device_effects.py); None: the roofline
         self.is_running = False
         self.run_start_s = 0.0
         self.run_round_s = 0.0
@@ -168,6 +172,7 @@ class Executor:
         prefill: list[tuple[SimInstance, list[tuple[int, int]]]] = []
         round_s = 0.0
         has_prefill = False
+        effects = self.effects
         for inst in self.instances:
             if inst.role == "decode" and inst.waiting:
                 self._admit_decode(inst, now_s)
@@ -176,7 +181,10 @@ class Executor:
                 if chunk:
                     has_prefill = True
                     num_tokens = sum(c[1] for c in chunk)
-                    round_s += inst.cost.iteration_s(num_tokens, len(chunk), inst.batch, inst.context_tokens)
+                    step_s = inst.cost.iteration_s(num_tokens, len(chunk), inst.batch, inst.context_tokens)
+                    if effects is not None:
+                        step_s = effects.instance_step(step_s, inst.batch, True, inst.forked_from_until_s > now_s)
+                    round_s += step_s
                     prefill.append((inst, chunk))
                     if inst.batch:
                         members.append(inst)
@@ -196,11 +204,20 @@ class Executor:
             num_rounds = max(1, num_rounds)
             half = num_rounds / 2.0
             for inst in members:
-                round_s += inst.cost.decode_s(inst.batch, inst.context_tokens + inst.batch * half)
+                step_s = inst.cost.decode_s(inst.batch, inst.context_tokens + inst.batch * half)
+                if effects is not None:
+                    step_s = effects.instance_step(step_s, inst.batch, False, inst.forked_from_until_s > now_s)
+                round_s += step_s
         else:
             for inst in members:
                 if not any(p[0] is inst for p in prefill):
-                    round_s += inst.cost.decode_s(inst.batch, inst.context_tokens)
+                    step_s = inst.cost.decode_s(inst.batch, inst.context_tokens)
+                    if effects is not None:
+                        step_s = effects.instance_step(step_s, inst.batch, False, inst.forked_from_until_s > now_s)
+                    round_s += step_s
+        if effects is not None:
+            num_busy = len(prefill) + sum(1 for inst in members if not any(p[0] is inst for p in prefill))
+            round_s *= effects.round_factor(num_busy, num_rounds)
         for inst in members:
             inst.segs.append(inst.rounds, now_s, round_s)
         self.is_running = True

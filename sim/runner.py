@@ -76,6 +76,7 @@ class ScenarioSpec:
     mix: str = "default"  # scenario.TIER_PRESETS
     seed: int = 0
     policy: dict | None = None  # Janus's policies as `janus config` prints them (None: the live defaults)
+    device_effects: str = "off"  # "on": the devices do what a roofline leaves out (sim/device_effects.py)
 
     def build_trace(self) -> Trace:
         if self.trace == "servegen":
@@ -94,8 +95,13 @@ class ScenarioSpec:
 
         if self.mix not in TIER_PRESETS:
             raise ValueError(f"unknown model mix {self.mix!r}; known: {sorted(TIER_PRESETS)}")
+        from .device_effects import DeviceEffects
+
+        if self.device_effects not in ("on", "off"):
+            raise ValueError(f"device_effects is on or off, not {self.device_effects!r}")
+        effects = DeviceEffects(seed=self.seed) if self.device_effects == "on" else DeviceEffects.off()
         return build_scenario(self.build_trace(), device_name=self.device, num_devices=self.num_devices,
-                              seed=self.seed, tiers=TIER_PRESETS[self.mix])
+                              seed=self.seed, tiers=TIER_PRESETS[self.mix], effects=effects)
 
 
 @dataclass

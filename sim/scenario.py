@@ -2,7 +2,7 @@
 fleet size. Deterministic given its seed."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from oracle.roofline import Efficiency, RooflineModel
 from oracle.specs import DeviceSpec, device, model_shape
 
 from .costmodel import StepCost, min_tp, step_cost
+from .device_effects import DeviceEffects
 from .trace import Trace
 
 # Models by traffic rank: (upper rank quantile, shapes drawn from, seeded). The busiest apps run the largest
@@ -67,6 +68,8 @@ class Scenario:
     # memory when the catalogue was deployed (the headline's 62 models take 1.2 TB, one copy each, spread over the
     # fleet's hosts). False: a model's first load reads its disk.
     is_warm_at_start: bool = True
+    # What the devices do beyond the roofline (device_effects.py); off: the devices are the oracle's roofline
+    effects: DeviceEffects = field(default_factory=DeviceEffects.off)
 
     def cost(self, app: int) -> StepCost:
         spec = self.apps[app]
@@ -94,7 +97,7 @@ def default_slos(cost: StepCost) -> tuple[float, float]:
 
 def build_scenario(trace: Trace, device_name: str = "ascend-910c-die", num_devices: int = 768, seed: int = 0,
                    tiers: tuple[tuple[float, tuple[str, ...]], ...] = DEFAULT_TIERS,
-                   efficiency: Efficiency | None = None) -> Scenario:
+                   efficiency: Efficiency | None = None, effects: DeviceEffects | None = None) -> Scenario:
     """Map each app of the trace to a model: apps ranked by request count (busiest first), rank quantile q picks
     the first tier with q < its bound, a seeded draw picks the shape within the tier; the smallest tensor-parallel
     degree that leaves room for KV cache; `default_slos`."""
@@ -114,7 +117,7 @@ def build_scenario(trace: Trace, device_name: str = "ascend-910c-die", num_devic
         tp = min_tp(dev, shape, efficiency=eff)
         ttft, tpot = default_slos(step_cost(dev, shape, tp, eff))
         apps.append(AppSpec(trace.app_names[app], shape.name, tp, ttft, tpot))
-    return Scenario(trace, dev, apps, num_devices, eff)
+    return Scenario(trace, dev, apps, num_devices, eff, effects=effects or DeviceEffects.off())
 
 
 def window_features(trace: Trace, app: int, start_s: float, end_s: float) -> LoadFeatures:

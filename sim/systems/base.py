@@ -21,6 +21,11 @@ from ..scenario import Scenario
 VERIFY_S = 0.05  # per-segment checksums and one canary step after a restore or fork, before the instance is ready
 
 
+def mark_fork_source(source: SimInstance, until_s: float) -> None:
+    """`source` is being forked from until `until_s` (its steps run slower meanwhile: device_effects.py)."""
+    source.forked_from_until_s = max(source.forked_from_until_s, until_s)
+
+
 @dataclass
 class RunResult:
     system: str
@@ -65,7 +70,7 @@ class SystemRun:
         self.table = RequestTable(trace, scenario.ttft_slo_s, scenario.tpot_slo_s)
         dev = scenario.device
         usable_hbm = dev.hbm_bytes * scenario.efficiency.memory_utilization
-        self.sim = Sim(self.table, scenario.num_devices, usable_hbm, dev.d2d_bytes_per_s)
+        self.sim = Sim(self.table, scenario.num_devices, usable_hbm, dev.d2d_bytes_per_s, scenario.effects)
         self.costs = [scenario.cost(a) for a in range(trace.num_apps)]
         policy = dispatch_policy or control.dispatch_policy()
         if not control.uses_load_windows:
@@ -99,7 +104,9 @@ class SystemRun:
           the rest from it)."""
         times = self.costs[app].load_times()
         insts = self.sim.instances_by_app.get(app, ())
-        if any(i.is_ready for i in insts):
+        source = next((i for i in insts if i.is_ready), None)
+        if source is not None:
+            mark_fork_source(source, now_s + times.d2d_s)
             return "fork", times.d2d_s + VERIFY_S
         if all((d, app) in self.warm for d in device_ids):
             return "warm_copy", times.h2d_s + VERIFY_S

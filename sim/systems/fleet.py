@@ -38,7 +38,7 @@ from planner.core.commands import UP_ACTIONS
 from planner.core.desired import instance_id_for
 
 from ..executor import SimInstance
-from .base import VERIFY_S, SystemRun
+from .base import VERIFY_S, SystemRun, mark_fork_source
 
 _ROLE = {"colocated": InstanceRole.COLOCATED, "prefill": InstanceRole.PREFILL, "decode": InstanceRole.DECODE}
 _POOL = {"steady": Pool.STEADY, "elastic": Pool.ELASTIC}
@@ -199,6 +199,7 @@ class SimFleet:
                 return "remote_warm", times.net_s + VERIFY_S
             live = self.by_iid.get(source.instance_id)
             if source.kind == "replica" and live is not None and live.is_ready:
+                mark_fork_source(live, self.run.sim.now_s + times.d2d_s)
                 return "fork", times.d2d_s + VERIFY_S
         if all((d, app) in self.run.warm for d in devices):
             return "warm_copy", times.h2d_s + VERIFY_S
