@@ -7,6 +7,7 @@ serving platform worth the name keeps `lost` at zero.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -42,29 +43,30 @@ async def stream_completion(client: httpx.AsyncClient, body: dict, *, timeout_s:
                     return Outcome("failed", err.get("code", str(r.status_code)), err.get("message", ""),
                                    latency_s=time.perf_counter() - start)
                 finished = False
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line[6:]
-                    if payload == "[DONE]":
-                        out.status = "completed" if finished else out.status
-                        break
-                    event = json.loads(payload)
-                    if "error" in event:
-                        out.status, out.code = "failed", event["error"].get("code", "")
-                        out.message = event["error"].get("message", "")
-                        continue
-                    if event.get("usage"):
-                        out.num_tokens = event["usage"]["completion_tokens"]
-                    for choice in event.get("choices", []):
-                        piece = choice.get("text") if "text" in choice else choice.get("delta", {}).get("content")
-                        if piece:
-                            now = time.perf_counter() - start
-                            out.token_times_s.append(now)
-                            if out.ttft_s is None:
-                                out.ttft_s = now
-                        if choice.get("finish_reason"):
-                            finished = True
+                async with contextlib.aclosing(r.aiter_lines()) as stream_lines:  # closed here, not by the collector
+                    async for line in stream_lines:
+                        if not line.startswith("data: "):
+                            continue
+                        payload = line[6:]
+                        if payload == "[DONE]":
+                            out.status = "completed" if finished else out.status
+                            break
+                        event = json.loads(payload)
+                        if "error" in event:
+                            out.status, out.code = "failed", event["error"].get("code", "")
+                            out.message = event["error"].get("message", "")
+                            continue
+                        if event.get("usage"):
+                            out.num_tokens = event["usage"]["completion_tokens"]
+                        for choice in event.get("choices", []):
+                            piece = choice.get("text") if "text" in choice else choice.get("delta", {}).get("content")
+                            if piece:
+                                now = time.perf_counter() - start
+                                out.token_times_s.append(now)
+                                if out.ttft_s is None:
+                                    out.ttft_s = now
+                            if choice.get("finish_reason"):
+                                finished = True
     except (httpx.HTTPError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         out.status, out.message = ("lost", repr(exc)) if out.status != "failed" else (out.status, out.message)
     out.latency_s = time.perf_counter() - start

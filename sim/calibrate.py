@@ -95,29 +95,30 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
     for _ in range(2):  # warm up allocator and kernels
         engine.add_request(f"warm{_}", rng.integers(10, vocab, 64).tolist(), greedy)
         _run_until_idle(engine)
-    for n in prefill_lengths:
-        times = []
-        for _ in range(repeats):
+    # rounds, each visiting every size once: a stretch of contention from other jobs then slows one round of all
+    # sizes, not every repeat of one size, and the fastest round of each size is still a quiet one
+    prefill_ms: dict[int, list[float]] = {n: [] for n in prefill_lengths}
+    for _ in range(repeats):
+        for n in prefill_lengths:
             counter += 1
             engine.add_request(f"p{counter}", rng.integers(10, vocab, n).tolist(), greedy)
             steps = _run_until_idle(engine)
-            times.append(sum(ms for s, ms in steps if s.num_prefill_tokens))
-        points.append(Point("prefill", n, 0, float(np.min(times))))
+            prefill_ms[n].append(sum(ms for s, ms in steps if s.num_prefill_tokens))
+    points += [Point("prefill", n, 0, float(np.min(times))) for n, times in prefill_ms.items()]
     num_decode_steps = 8
-    for b in decode_batches:
-        times = []
-        for _ in range(max(1, repeats // 2)):
-            sampling = SamplingParams(max_tokens=num_decode_steps + 1, temperature=0.0, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=num_decode_steps + 1, temperature=0.0, ignore_eos=True)
+    decode_ms: dict[int, list[float]] = {b: [] for b in decode_batches}
+    for _ in range(max(1, repeats // 2)):
+        for b in decode_batches:
             for _ in range(b):
                 counter += 1
                 engine.add_request(f"d{counter}", rng.integers(10, vocab, decode_prompt).tolist(), sampling)
             steps = _run_until_idle(engine)
             decode = [ms for s, ms in steps if s.num_decode_tokens == b and not s.num_prefill_tokens]
             if decode:
-                times.append(float(np.median(decode)))
-        if times:
-            ctx = b * (decode_prompt + num_decode_steps // 2)
-            points.append(Point("decode", b, ctx, float(np.min(times))))
+                decode_ms[b].append(float(np.median(decode)))
+    points += [Point("decode", b, b * (decode_prompt + num_decode_steps // 2), float(np.min(times)))
+               for b, times in decode_ms.items() if times]
     return points
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -92,16 +93,17 @@ async def _one(client, url: str, headers: dict, body: dict, start: float, rec: C
                 except ValueError:
                     pass
                 return
-            async for line in resp.aiter_lines():
-                payload = parse_sse_line(line)
-                if payload is None:
-                    continue
-                if payload.get("error"):
-                    rec.is_failed, rec.error = True, str(payload["error"])[:200]
-                    rec.error_code = error_code_of(payload)
-                    return
-                now = time.perf_counter() - start
-                rec.token_times_s.extend([now] * tokens_in_chunk(payload))
+            async with contextlib.aclosing(resp.aiter_lines()) as stream_lines:  # closed here, not by the collector
+                async for line in stream_lines:
+                    payload = parse_sse_line(line)
+                    if payload is None:
+                        continue
+                    if payload.get("error"):
+                        rec.is_failed, rec.error = True, str(payload["error"])[:200]
+                        rec.error_code = error_code_of(payload)
+                        return
+                    now = time.perf_counter() - start
+                    rec.token_times_s.extend([now] * tokens_in_chunk(payload))
     except Exception as exc:  # a broken connection is a failed request, never a crash of the replay
         rec.is_failed, rec.error = True, f"{type(exc).__name__}: {exc}"
 

@@ -245,6 +245,17 @@ def _nats_client_of(task: asyncio.Task):
     return None
 
 
+async def _wait_for_owned(left, timeout_s: float) -> None:
+    """Wait up to `timeout_s` for the tasks `left()` names to finish, those that appear meanwhile included: an async
+    generator a test dropped unfinished is closed, when the collector finds it, by a task the loop creates then
+    (`async_generator_athrow`), which needs its turn like the others."""
+    deadline = time.monotonic() + timeout_s
+    while (tasks := left()) and (remaining := deadline - time.monotonic()) > 0:
+        done, _ = await asyncio.wait(tasks, timeout=remaining)
+        if not done:
+            break
+
+
 async def reap(owner: Owner, children_before: set[int]) -> list[str]:
     """Stop what `owner` left running; returns what it was (empty: nothing)."""
     me = asyncio.current_task()
@@ -266,8 +277,7 @@ async def reap(owner: Owner, children_before: set[int]) -> list[str]:
             await asyncio.wait([main], timeout=owner.grace_s(15.0))
         services = [t for t in left() if _coro_name(t) == SERVICE_CORO]
         # a service stops gracefully when asked, a request in flight ends at its timeout: give them a moment
-        if left():
-            await asyncio.wait(left(), timeout=owner.grace_s(5.0 if services else 3.0))
+        await _wait_for_owned(left, owner.grace_s(5.0 if services else 3.0))
         services = [t for t in services if not t.done()]
         if services:
             problems.append(f"{len(services)} service task(s) still running:\n{_describe(services)}")

@@ -195,7 +195,14 @@ def _features(requests: Sequence[SyntheticRequest], duration_s: float) -> LoadFe
 
 
 class Profiler:
-    """Engines for one model (as many as the largest replica count) and the roofline of that model on this CPU."""
+    """Engines for one model (as many as the largest replica count) and the roofline of that model on this CPU.
+
+    What a profile needs of its target, so another target can stand in (the simulator profiles its simulated
+    devices this way: sim/profile_device.py): `engines` (EngineLike), `vocab_size`, `max_prompt_len`, `roofline`
+    (device datasheet and shape, efficiencies fitted to `calibration`), `settings`, `step_cost`, `model_dir`, the
+    clock (`_timer`) and `step_probe` (what a step did)."""
+
+    step_probe = staticmethod(step_probe)
 
     def __init__(self, model_dir: str | Path, settings: HarnessSettings = HarnessSettings(), max_replicas: int = 4):
         import torch
@@ -299,7 +306,7 @@ class Profiler:
         timer = self._timer()
         started = time.perf_counter()
         result = run_virtual(self.engines[: point.num_replicas], workload, self.vocab_size,
-                             end_s=s.duration_s + s.drain_s, probe=step_probe, timer=timer,
+                             end_s=s.duration_s + s.drain_s, probe=self.step_probe, timer=timer,
                              id_prefix=f"g{index}-", seed=index, step_cost=self.step_cost)
         wall_s = time.perf_counter() - started
         achieved = attainment(list(result.requests.values()), s.ttft_slo_ms, s.tpot_slo_ms)
