@@ -1,6 +1,7 @@
 """Plans as auditable events (JetStream stream PLANS): inputs, predictions, decisions, reasons, commands."""
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import Field
@@ -9,6 +10,19 @@ from .base import ErrorInfo, Message
 from .lifecycle import LifecycleAction
 from .oracle import CapacityPrediction, ElasticityPrediction, NeedVector
 from .telemetry import ModelLoadWindow
+
+
+def audit_digest(subject: str, data: bytes) -> str:
+    """The SHA-256 (hex) of a PLANS event as stored: its subject and its payload bytes. The next event carries it, so
+    an event altered, removed or inserted later breaks the chain at that point (`janus audit --verify`)."""
+    return hashlib.sha256(subject.encode() + b"\n" + data).hexdigest()
+
+
+class AuditEvent(Message):
+    """An event of the PLANS stream, chained to the one stored before it."""
+
+    prev_event_sha256: str = Field(default="", description="audit_digest of the event before this one in PLANS (set "
+                                   "when published); empty for the first event of the stream")
 
 
 class BinAssignment(Message):
@@ -26,7 +40,7 @@ class Move(Message):
     reason: str
 
 
-class SteadyPlan(Message):
+class SteadyPlan(AuditEvent):
     plan_id: str
     created_unix_ms: float
     trigger: Literal["periodic", "arrival", "departure", "consolidation", "startup", "overflow"]
@@ -54,7 +68,7 @@ class ElasticTarget(Message):
     reason: str = ""
 
 
-class ElasticPlan(Message):
+class ElasticPlan(AuditEvent):
     plan_id: str
     created_unix_ms: float
     budget_devices: int = Field(ge=0, description="what the steady pool leaves")
@@ -68,7 +82,7 @@ class ElasticPlan(Message):
     is_observe_only: bool = False
 
 
-class PlanAction(Message):
+class PlanAction(AuditEvent):
     """The reconciler's record of a command it issued for a plan, and later its outcome."""
 
     plan_id: str
@@ -84,7 +98,7 @@ class PlanAction(Message):
     unix_ms: float
 
 
-class PlanStatus(Message):
+class PlanStatus(AuditEvent):
     """A plan's progress (janus.plan.status): done (every instance it wants is ready), superseded (a newer plan of
     its kind came first), blocked (something it wants cannot be issued now: the detail says what), ignored
     (observe-only)."""

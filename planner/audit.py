@@ -4,6 +4,7 @@
     janus audit --since 10m           # replay the last 10 minutes, then stop
     janus audit --since 2026-01-02T03:00:00Z --follow --json
     janus audit --all --kind action --plan elastic-x-000042
+    janus audit --verify              # check the hash chain of every event kept: exit 1 if broken
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", action="append", choices=["steady", "elastic", "action", "status"], help="only these (repeatable)")
     p.add_argument("--plan", help="only the events of this plan id")
     p.add_argument("--limit", type=int, help="stop after this many events")
+    p.add_argument("--verify", action="store_true",
+                   help="read every event kept and check that each names the digest of the one before (exit 1 if not)")
     return p
 
 
@@ -56,13 +59,17 @@ async def audit(args: argparse.Namespace, out=sys.stdout) -> int:
                   file=sys.stderr)
             return 2
         last_seq = info.state.last_seq
+        if getattr(args, "verify", False):  # callers may build the Namespace by hand
+            return await _verify(bus, info.state.first_seq, last_seq, out)
         if args.since:
             when = parse_since(args.since, datetime.now(timezone.utc))
             config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
                                     opt_start_time=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
         else:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL if args.all else DeliverPolicy.NEW)
-        sub = await bus.js.subscribe(subjects.PLAN_WILDCARD, ordered_consumer=True, config=config)
+        # stream= named: else nats-py looks the stream up by subject ($JS.API.STREAM.NAMES, not the operator's to use)
+        sub = await bus.js.subscribe(subjects.PLAN_WILDCARD, stream=subjects.PLANS_STREAM, ordered_consumer=True,
+                                     config=config)
         num_shown = 0
         while args.limit is None or num_shown < args.limit:
             try:
@@ -94,6 +101,39 @@ async def audit(args: argparse.Namespace, out=sys.stdout) -> int:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         await bus.close()
+
+
+async def _verify(bus, first_seq: int, last_seq: int, out) -> int:
+    """Replay every event kept and check the chain (planner/audit_chain.py); 0 intact, 1 broken."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    from .audit_chain import StoredEvent, verify_chain
+
+    events: list[StoredEvent] = []
+    if last_seq >= first_seq:
+        sub = await bus.js.subscribe(subjects.PLAN_WILDCARD, stream=subjects.PLANS_STREAM, ordered_consumer=True,
+                                     config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        try:
+            while True:
+                try:  # a quiet 2 s: the tail is gone (removed events are not delivered)
+                    msg = await sub.next_msg(timeout=2.0)
+                except Exception as exc:  # noqa: BLE001 - nats raises its own TimeoutError type
+                    if type(exc).__name__ == "TimeoutError":
+                        break
+                    raise
+                events.append(StoredEvent(msg.metadata.sequence.stream, msg.subject, msg.data))
+                if events[-1].seq >= last_seq:
+                    break
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+    report = verify_chain(events, first_seq=first_seq, last_seq=last_seq)
+    for problem in report.problems:
+        print(f"# {problem}", file=out)
+    print(report.summary(), file=out, flush=True)
+    return 0 if report.is_intact else 1
 
 
 def main(argv: list[str] | None = None) -> int:

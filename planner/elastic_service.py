@@ -20,7 +20,7 @@ from .core.fleet_state import elastic_budget_devices, elastic_models_of, in_flig
 from .core.elastic import ElasticScaler, plan_decision
 from .core.oracle_port import OracleAnswerError
 from .core.policy import PlannerPolicy
-from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, publish_event
+from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, plan_id_prefix, publish_event
 
 log = logging.getLogger("janus.planner.elastic")
 
@@ -43,9 +43,9 @@ class ElasticScalerService(Service):
         self.num_failures = 0
 
     async def start(self, bus: Bus) -> None:
-        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
         oracle = BusOracle(bus, asyncio.get_running_loop())
-        self.core = ElasticScaler(oracle, self.policy.elastic, id_prefix=f"elastic-{self.instance}",
+        self.core = ElasticScaler(oracle, self.policy.elastic, id_prefix=plan_id_prefix("elastic", self.instance),
                                   is_observe_only=self.policy.is_observe_only)
         self.steady_plan = await last_plan(bus, subjects.PLAN_STEADY, SteadyPlan)  # type: ignore[assignment]
         await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)

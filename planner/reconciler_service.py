@@ -53,7 +53,7 @@ class ReconcilerService(Service):
         self.resumed_plan_ids: list[str] = []  # the plans found in PLANS at start (a restart carries them on)
 
     async def start(self, bus: Bus) -> None:
-        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
         self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
         self._watcher = await self._kv.watchall()
         self._tasks.append(asyncio.create_task(self._watch_registry()))

@@ -21,7 +21,7 @@ from .core.fleet_state import reported, steady_worker_order
 from .core.overflow import OverflowWatch
 from .core.policy import PlannerPolicy
 from .core.steady import SteadyPlanner
-from .shell import WorkerLiveness, ensure_plans_stream, now_ms, publish_event
+from .shell import WorkerLiveness, ensure_plans_stream, now_ms, plan_id_prefix, publish_event
 
 log = logging.getLogger("janus.planner.steady")
 
@@ -46,10 +46,11 @@ class SteadyPlannerService(Service):
         self.num_failures = 0
 
     async def start(self, bus: Bus) -> None:
-        await ensure_plans_stream(bus, self.policy.plans_max_age_s)
+        await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
         oracle = BusOracle(bus, asyncio.get_running_loop())
         self.core = SteadyPlanner(oracle, self.policy.steady, self.policy.pool,
-                                  id_prefix=f"steady-{self.instance}", is_observe_only=self.policy.is_observe_only)
+                                  id_prefix=plan_id_prefix("steady", self.instance),
+                                  is_observe_only=self.policy.is_observe_only)
         await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         self._task = asyncio.create_task(self._periodic())

@@ -5,6 +5,7 @@ windows, lifecycle events and recent plans. `janus status` and the gateway's sta
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import deque
@@ -37,7 +38,6 @@ class ClusterView:
     # --- gathering ---
     async def attach(self, bus, *, history: bool = True) -> None:
         """Subscribe to telemetry, lifecycle events and plans, and watch the registry."""
-        from runtime.jetstream import ensure_kv
 
         async def on_hb(hb: WorkerHeartbeat, env) -> None:
             self.heartbeats[hb.worker_id] = hb
@@ -59,15 +59,17 @@ class ClusterView:
             await bus.subscribe(subjects.PLAN_ELASTIC, ElasticPlan, on_plan, traced=False),
             await bus.subscribe(subjects.PLAN_ACTION, PlanAction, on_plan, traced=False),
         ]
-        kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
-        self._watcher = await kv.watchall()
-        import asyncio
-
-        self._watch_task = asyncio.create_task(self._watch())
+        self._watch_task = asyncio.create_task(self._watch(bus.js))
         if history:
             await self._load_last_plans(bus)
 
-    async def _watch(self) -> None:
+    async def _watch(self, js) -> None:
+        # The readers' NATS users (gateway, operator) may not create the bucket: wait for a worker or the dispatcher
+        # to, in the background, so that a view attached first (or to an empty cluster) still starts.
+        from runtime.jetstream import open_kv
+
+        kv = await open_kv(js, subjects.INSTANCES_BUCKET)
+        self._watcher = await kv.watchall()
         async for entry in self._watcher:
             if entry is None:
                 continue
@@ -85,12 +87,13 @@ class ClusterView:
                 self.plans.append(tp.model_validate_json(msg.data))
 
     async def detach(self) -> None:
+        task = getattr(self, "_watch_task", None)
+        if task is not None:  # first, so that no watcher starts after the one stopped below
+            task.cancel()
+            await asyncio.wait({task})
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
-        task = getattr(self, "_watch_task", None)
-        if task is not None:
-            task.cancel()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

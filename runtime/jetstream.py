@@ -47,10 +47,23 @@ async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = 
     return await _retrying(once, f"KV bucket {bucket}", timeout_s)
 
 
+async def open_kv(js, bucket: str, *, interval_s: float = 0.5):
+    """The bucket, once someone has created it: for readers (the gateway's status page, `janus status`) whose NATS
+    user may not create buckets. Waits for it as long as it takes (cancel to stop)."""
+    while True:
+        try:
+            return await js.key_value(bucket)
+        except (BucketNotFoundError, NotFoundError, *_NOT_READY):
+            await asyncio.sleep(interval_s)
+
+
 async def ensure_stream(js, name: str, subjects: list[str], *, max_age_s: float | None = None,
-                        num_replicas: int = 1, timeout_s: float = 30.0) -> None:
+                        num_replicas: int = 1, is_append_only: bool = False, timeout_s: float = 30.0) -> None:
+    """The stream, created when missing, else updated to this configuration. `is_append_only`: the server refuses
+    to delete or purge its messages (deny_delete, deny_purge), whoever asks; only `max_age_s` ages them out."""
     config = StreamConfig(name=name, subjects=subjects, max_age=max_age_s, storage=StorageType.FILE,
-                          num_replicas=num_replicas)
+                          num_replicas=num_replicas, deny_delete=is_append_only,
+                          deny_purge=is_append_only)
 
     async def once():
         try:

@@ -20,7 +20,7 @@ from contracts import HealthReply, subjects
 from .bus import Bus
 from .catalog import ensure_demo_models
 from .nats_server import EmbeddedNats
-from .security import load_or_create_credentials, user_for_service, write_nats_config
+from .security import load_or_create_credentials, user_for_service, write_nats_config, write_private
 from .services import available_services
 from .settings import ClusterConfig, JanusSettings, ModelSpec
 
@@ -55,7 +55,8 @@ class Cluster:
         # the children read the effective config (command-line overrides included) from one file
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.state_dir / "cluster.effective.yaml"
-        self.config_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
+        # 0600: it holds the gateway's API keys as given (the children read them from here)
+        write_private(self.config_path, yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
         self.gateway_port = cluster.gateway.port if gateway_port is None else gateway_port
         self.num_workers = num_workers or cluster.workers.count
         # every service gets its own NATS user, allowed only the subjects its job needs (runtime/security.py)

@@ -13,10 +13,40 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-JS_API = "$JS.API.>"  # JetStream API (streams, consumers, KV)
-KV_INSTANCES = "$KV.instances.>"
+from contracts import subjects
+
 INBOX = "_INBOX.>"
 HEALTH = "janus.health.>"
+PLANS = subjects.PLANS_STREAM
+KV_STREAM = f"KV_{subjects.INSTANCES_BUCKET}"  # the stream behind the `instances` KV bucket
+KV_INSTANCES_WRITE = f"$KV.{subjects.INSTANCES_BUCKET}.>"  # a KV put or delete is a publish on $KV.<bucket>.<key>
+
+
+# JetStream is reached only through API subjects named after one stream, never "$JS.API.>": with the whole API a
+# service could create a stream whose RePublish target is a worker's command subject (the server does not check a
+# RePublish target against the creator's publish permissions), or delete and purge the audit trail. Nobody gets
+# STREAM.DELETE, STREAM.PURGE, STREAM.MSG.DELETE or CONSUMER.DELETE (the PLANS stream refuses the first three in its
+# own configuration as well). These are the calls nats-py 2.16 makes, seen in a nats-server trace.
+def js_get(stream: str) -> tuple[str, ...]:
+    """Look up a stream and get one message of it (the last one on a subject, say)."""
+    return (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}")
+
+
+def js_read(stream: str) -> tuple[str, ...]:
+    """js_get, and follow the stream with an ephemeral (ordered) consumer (a KV watch is one)."""
+    api = "$JS.API"
+    return (*js_get(stream), f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
+            f"{api}.CONSUMER.INFO.{stream}.*")
+
+
+def js_create(stream: str) -> tuple[str, ...]:
+    """Create the stream when missing (every service that needs it at start may be the first one up)."""
+    return (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}")
+
+
+def js_configure(stream: str) -> tuple[str, ...]:
+    """Create it, or bring an existing one's configuration (replicas, retention, deny-delete) up to date."""
+    return (*js_create(stream), f"$JS.API.STREAM.UPDATE.{stream}")
 
 
 @dataclass(frozen=True)
@@ -24,36 +54,45 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
 
+    def __post_init__(self) -> None:  # the js_* groups overlap: each subject once in the server configuration
+        object.__setattr__(self, "publish", tuple(dict.fromkeys(self.publish)))
+        object.__setattr__(self, "subscribe", tuple(dict.fromkeys(self.subscribe)))
+
 
 SERVICE_PERMISSIONS: dict[str, Permissions] = {
-    "gateway": Permissions(  # reads telemetry, lifecycle events and plans for its read-only status page
-        publish=("janus.req.*", "janus.cancel", "janus.worker.*.resend", JS_API, INBOX),
+    "gateway": Permissions(  # reads the registry, telemetry, lifecycle events and plans for its status page
+        publish=("janus.req.*", "janus.cancel", "janus.worker.*.resend", *js_read(KV_STREAM),
+                 *js_get(PLANS), INBOX),
         subscribe=("janus.reply.>", "janus.telemetry.>", "janus.plan.>", "janus.event.lifecycle", INBOX, HEALTH)),
-    "dispatcher": Permissions(
+    "dispatcher": Permissions(  # watches the registry; creates it with the cluster's replicas when first up
         publish=("janus.worker.*.run", "janus.reply.>", "janus.telemetry.model.*", "janus.telemetry.dispatcher.*",
-                 JS_API, INBOX),
+                 *js_create(KV_STREAM), *js_read(KV_STREAM), INBOX),
         subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "worker": Permissions(
         # janus.worker.*.run: a prefill worker reserves KV blocks on, and hands requests over to, a decode worker
         # janus.cancel: a P/D request that ends at its first token releases the decode worker's reservation
         publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
-                 "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel", KV_INSTANCES, JS_API, INBOX),
+                 "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel", KV_INSTANCES_WRITE,
+                 *js_create(KV_STREAM), INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "oracle": Permissions(  # heartbeats: how many replicas served each load window it learns from
         publish=(INBOX,),
         subscribe=("janus.oracle.>", "janus.telemetry.model.*", "janus.telemetry.worker.*", INBOX, HEALTH)),
+    # the planners append to PLANS (each event chained to the last one, which they read) and configure it
     "steady-planner": Permissions(
-        publish=("janus.plan.steady", "janus.oracle.>", JS_API, INBOX),
+        publish=("janus.plan.steady", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS), INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),
     "elastic-scaler": Permissions(
-        publish=("janus.plan.elastic", "janus.oracle.>", JS_API, INBOX),
+        publish=("janus.plan.elastic", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS), INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),
     "reconciler": Permissions(
-        publish=("janus.worker.*.cmd", "janus.plan.action", "janus.plan.status", KV_INSTANCES, JS_API, INBOX),
+        publish=("janus.worker.*.cmd", "janus.plan.action", "janus.plan.status", KV_INSTANCES_WRITE,
+                 *js_configure(PLANS), *js_get(PLANS), *js_create(KV_STREAM), *js_read(KV_STREAM), INBOX),
         subscribe=("janus.plan.>", "janus.telemetry.>", "janus.event.lifecycle", INBOX, HEALTH)),
-    # people and tools (janus up's health checks, janus status, janus audit): read everything, command nothing
+    # people and tools (janus up's health checks, janus status, janus audit): read everything, command nothing, and
+    # create, change, delete or purge nothing in JetStream
     "operator": Permissions(
-        publish=(HEALTH, JS_API, INBOX),
+        publish=(HEALTH, *js_read(PLANS), *js_read(KV_STREAM), INBOX),
         subscribe=(">",)),
 }
 
@@ -70,10 +109,18 @@ def load_or_create_credentials(path: Path) -> dict[str, str]:
             return creds
     creds = generate_credentials()
     path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, json.dumps(creds))
+    return creds
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write a file only its owner may read (0600), for anything holding a password or an API key. The mode is set
+    on the open file too: O_CREAT's mode applies only to a new file, and an older file may have been 0644."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(creds, f)
-    return creds
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+    return path
 
 
 def _quoted(items: tuple[str, ...]) -> str:
@@ -100,10 +147,7 @@ def write_nats_config(path: Path, credentials: dict[str, str], *, tls_cert: Path
         ca = f"\n  ca_file: {json.dumps(str(tls_ca))}" if tls_ca else ""
         parts.append(f"tls {{\n  cert_file: {json.dumps(str(tls_cert))}\n  key_file: {json.dumps(str(tls_key))}"
                      f"{ca}\n}}\n")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(parts))
-    return path
+    return write_private(path, "\n".join(parts))
 
 
 def user_for_service(service: str) -> str:

@@ -194,3 +194,257 @@ def test_the_subject_scan_finds_what_it_should():
     assert "janus.telemetry.worker.*" in _subjects_sent_from(SERVICE_SOURCES["oracle"], _RECEIVE)
     assert _nats_match("janus.worker.*.cmd", "janus.worker.w1.cmd") and not _nats_match("janus.req.*", "janus.req")
     assert _nats_match("janus.reply.>", "janus.reply.g.r") and not _nats_match("janus.reply.>", "janus.reply")
+
+
+# --- JetStream: each service reaches only the API subjects of the streams and buckets it needs, by name ---------
+
+JS_TIMEOUT_S = 0.5  # a refused JetStream request gets no answer: the client times out, the server reports why
+
+
+async def _js_bus(server, creds, user):
+    from runtime.bus import Bus
+
+    return await Bus.connect(server.url, user, user=user, password=creds[user])
+
+
+def _violations(server, user: str) -> list[str]:
+    """The server's log lines about `user`'s refused publishes and subscriptions."""
+    log = (server.store_dir / "nats-server.log").read_text(errors="replace")
+    return [line for line in log.splitlines() if f"user:{user}\"" in line and "Violation" in line]
+
+
+@pytest.fixture(scope="module")
+def js_ready(secured):
+    """PLANS (with one chained event) and the `instances` bucket (with one record), as the reconciler sets them up."""
+    from contracts import PlanStatus, subjects
+    from planner.shell import ensure_plans_stream, publish_event
+    from runtime.jetstream import ensure_kv
+
+    server, creds = secured
+
+    async def setup():
+        bus = await _js_bus(server, creds, "reconciler")
+        await ensure_plans_stream(bus, 3600.0)
+        await publish_event(bus, subjects.PLAN_STATUS, PlanStatus(plan_id="p", kind="steady", status="done",
+                                                                  unix_ms=1.0))
+        kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        await kv.put("setup-record", b"{}")
+        await bus.close()
+
+    asyncio.run(setup())
+    return server, creds
+
+
+def _republish_to_worker_cmd():
+    from nats.js.api import RePublish, StreamConfig
+
+    # the attack of issue 25: a stream that copies what the attacker may publish onto a worker's command subject
+    return StreamConfig(name="EVIL", subjects=["janus.req.>", "janus.telemetry.>", "janus.plan.>", "janus.reply.>"],
+                        republish=RePublish(src=">", dest="janus.worker.worker-1.cmd"))
+
+
+# (operation, the API subject it needs): refused for every service user
+FORBIDDEN_FOR_ALL = {
+    "create a stream republishing to a worker's commands": (
+        lambda js: js.add_stream(_republish_to_worker_cmd()), "$JS.API.STREAM.CREATE.EVIL"),
+    "delete a PLANS message": (lambda js: js.delete_msg("PLANS", 1), "$JS.API.STREAM.MSG.DELETE.PLANS"),
+    "purge PLANS": (lambda js: js.purge_stream("PLANS"), "$JS.API.STREAM.PURGE.PLANS"),
+    "delete PLANS": (lambda js: js.delete_stream("PLANS"), "$JS.API.STREAM.DELETE.PLANS"),
+    "delete the instances bucket": (lambda js: js.delete_stream("KV_instances"), "$JS.API.STREAM.DELETE.KV_instances"),
+    "purge the instances bucket": (lambda js: js.purge_stream("KV_instances"), "$JS.API.STREAM.PURGE.KV_instances"),
+    "delete a consumer": (lambda js: js.delete_consumer("PLANS", "any"), "$JS.API.CONSUMER.DELETE.PLANS.any"),
+    "list every stream": (lambda js: js.streams_info(), "$JS.API.STREAM.LIST"),
+}
+
+
+def _update_plans(js):
+    from nats.js.api import RePublish, StreamConfig
+
+    return js.update_stream(StreamConfig(name="PLANS", subjects=["janus.plan.>"], deny_delete=True, deny_purge=True,
+                                         republish=RePublish(src=">", dest="janus.worker.worker-1.cmd")))
+
+
+def _create_bucket(js):
+    from nats.js.api import KeyValueConfig
+
+    return js.create_key_value(KeyValueConfig(bucket="other"))
+
+
+# refused for the users named (the others need the call: planners configure PLANS, writers create the bucket)
+FORBIDDEN_FOR_SOME = {
+    "change PLANS": ((_update_plans, "$JS.API.STREAM.UPDATE.PLANS"),
+                     ("gateway", "dispatcher", "worker", "oracle", "operator")),
+    "create PLANS": ((lambda js: js.add_stream(name="PLANS", subjects=["janus.plan.>"]), "$JS.API.STREAM.CREATE.PLANS"),
+                     ("gateway", "dispatcher", "worker", "oracle", "operator")),
+    "create a bucket": ((_create_bucket, "$JS.API.STREAM.CREATE.KV_other"), tuple(SERVICE_PERMISSIONS)),
+    "create the instances bucket": ((lambda js: js.add_stream(name="KV_instances", subjects=["$KV.instances.>"]),
+                                     "$JS.API.STREAM.CREATE.KV_instances"),
+                                    ("gateway", "oracle", "steady-planner", "elastic-scaler", "operator")),
+    "write the registry": ((lambda js: js.publish("$KV.instances.x", b"{}"), "$KV.instances.x"),
+                           ("gateway", "dispatcher", "oracle", "steady-planner", "elastic-scaler", "operator")),
+    "append to PLANS": ((lambda js: js.publish("janus.plan.steady", b"{}"), "janus.plan.steady"),
+                        ("gateway", "dispatcher", "worker", "oracle", "elastic-scaler", "reconciler", "operator")),
+}
+
+
+def _forbidden_for(user: str) -> dict:
+    out = dict(FORBIDDEN_FOR_ALL)
+    out.update({what: op for what, (op, users) in FORBIDDEN_FOR_SOME.items() if user in users})
+    return out
+
+
+def test_no_service_gets_the_whole_jetstream_api():
+    for user, perms in SERVICE_PERMISSIONS.items():
+        assert not [p for p in perms.publish if p.startswith("$JS.API") and (">" in p.split(".")[:4] or
+                                                                              p.count(".") < 4)], user
+        assert not [p for p in perms.publish if any(f"$JS.API.{op}" in p for op in
+                                                    ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE",
+                                                     "CONSUMER.DELETE", "STREAM.NAMES", "STREAM.LIST"))], user
+
+
+@pytest.mark.parametrize("user", sorted(SERVICE_PERMISSIONS))
+async def test_forbidden_jetstream_operations_are_refused(js_ready, user):
+    server, creds = js_ready
+    errors: list[str] = []
+    nc = await _connect(server, creds, user, errors)
+    js = nc.jetstream(timeout=JS_TIMEOUT_S)
+    observer, got = await _observer(server, creds, "janus.worker.worker-1.cmd")
+    ops = _forbidden_for(user)
+    outcomes = await asyncio.gather(*(op(js) for op, _ in ops.values()), return_exceptions=True)
+    await asyncio.sleep(0.2)
+    for (what, (_, subject)), outcome in zip(ops.items(), outcomes):
+        assert isinstance(outcome, Exception), f"{user} could {what}"
+        assert any(f'publish to "{subject.lower()}"' in e.lower() for e in errors), (what, errors)
+    # what the attacker may publish, the EVIL stream (not created) would have copied onto the worker's commands
+    await nc.publish("janus.req.demo", b"{}")
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    assert got.empty(), f"{user} reached janus.worker.worker-1.cmd"
+    await nc.close()
+    await observer.close()
+
+
+async def test_plans_keeps_every_event(js_ready):
+    """Nothing was deleted or purged by the attempts above, and the stream itself refuses it (its configuration)."""
+    from nats.js.errors import APIError
+
+    server, creds = js_ready
+    bus = await _js_bus(server, creds, "operator")
+    info = await bus.js.stream_info("PLANS")
+    assert info.state.messages >= 1 and info.state.first_seq == 1
+    assert info.config.deny_delete and info.config.deny_purge
+    await bus.close()
+    plain = EmbeddedNats().start()  # no users at all: only the stream's own configuration stands in the way
+    try:
+        from planner.shell import ensure_plans_stream, publish_event
+        from contracts import PlanStatus, subjects
+        from runtime.bus import Bus
+
+        bus = await Bus.connect(plain.url, "anyone")
+        await ensure_plans_stream(bus, 3600.0)
+        await publish_event(bus, subjects.PLAN_STATUS, PlanStatus(plan_id="p", kind="steady", status="done",
+                                                                  unix_ms=1.0))
+        with pytest.raises(APIError, match="not permitted"):
+            await bus.js.delete_msg("PLANS", 1)
+        with pytest.raises(APIError, match="not permitted"):
+            await bus.js.purge_stream("PLANS")
+        assert (await bus.js.stream_info("PLANS")).state.messages == 1
+        await bus.close()
+    finally:
+        plain.stop()
+
+
+@pytest.fixture
+def fresh_secured(tmp_path):
+    """A secured server of its own: the refusals the other tests provoke stay out of its log."""
+    creds = generate_credentials()
+    conf = write_nats_config(tmp_path / "nats.conf", creds)
+    server = EmbeddedNats(tmp_path / "nats", extra_args=["-c", str(conf)]).start()
+    yield server, creds
+    server.stop()
+
+
+async def _audit_as_operator(server, creds, state_dir, *args: str) -> tuple[int, str]:
+    import io
+    import json
+
+    from planner.audit import audit, build_parser
+
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "credentials.json").write_text(json.dumps(creds))
+    out = io.StringIO()
+    rc = await audit(build_parser().parse_args(["--nats", server.url, "--state-dir", str(state_dir), *args]), out=out)
+    return rc, out.getvalue()
+
+
+async def _watch_until(watcher, key: str) -> set[str]:
+    seen: set[str] = set()
+    async for entry in watcher:
+        if entry is not None:
+            seen.add(entry.key)
+            if entry.key == key:
+                return seen
+    return seen
+
+
+async def test_each_service_does_its_jetstream_work_with_its_own_user(fresh_secured, tmp_path):
+    """The JetStream calls each service makes (runtime/jetstream.py, planner/shell.py, the registry watches, the
+    status views, janus audit), each with its own NATS user, in the order a cold start may take: none is refused."""
+    from types import SimpleNamespace
+
+    from contracts import ElasticPlan, InstanceRecord, PlanAction, SteadyPlan, subjects
+    from contracts.lifecycle import InstanceRole, LifecycleAction, ModelState, Pool
+    from planner.shell import ensure_plans_stream, last_plan, publish_event
+    from runtime.cluster_view import ClusterView
+    from runtime.jetstream import ensure_kv, instances_bucket
+
+    server, creds = fresh_secured
+    buses = {u: await _js_bus(server, creds, u) for u in SERVICE_PERMISSIONS}
+    views = {u: ClusterView() for u in ("gateway", "operator")}
+    try:
+        for user, view in views.items():  # attached before anyone created the bucket: they wait for it
+            await view.attach(buses[user])
+        for user in ("steady-planner", "elastic-scaler", "reconciler"):
+            await ensure_plans_stream(buses[user], 3600.0)
+        steady = SteadyPlan(plan_id="s-1", created_unix_ms=1.0, trigger="startup", steady_models=(),
+                            elastic_models=(), bins=())
+        await publish_event(buses["steady-planner"], subjects.PLAN_STEADY, steady)
+        assert (await last_plan(buses["elastic-scaler"], subjects.PLAN_STEADY, SteadyPlan)).plan_id == "s-1"
+        await publish_event(buses["elastic-scaler"], subjects.PLAN_ELASTIC,
+                            ElasticPlan(plan_id="e-1", created_unix_ms=2.0, budget_devices=0, num_devices_used=0,
+                                        targets=()))
+        await publish_event(buses["reconciler"], subjects.PLAN_ACTION,
+                            PlanAction(plan_id="e-1", command_id="c", worker_id="w", model="m", instance_id="i",
+                                       action=LifecycleAction.ACTIVATE, status="issued", unix_ms=3.0))
+        assert (await last_plan(buses["reconciler"], subjects.PLAN_ELASTIC, ElasticPlan)).plan_id == "e-1"
+        # the registry: a worker creates and writes it, the dispatcher and the reconciler watch it
+        worker_kv = await ensure_kv(buses["worker"].js, subjects.INSTANCES_BUCKET)
+        cluster = SimpleNamespace(jetstream_replicas=1)
+        watchers = {u: await (await instances_bucket(buses[u].js, cluster)).watchall()
+                    for u in ("dispatcher", "reconciler")}
+        await worker_kv.put("w-record", b"{}")
+        await worker_kv.delete("w-record")
+        record = InstanceRecord(instance_id="r-record", model="m", worker_id="w", role=InstanceRole.COLOCATED,
+                                pool=Pool.STEADY, state=ModelState.ACTIVE, is_ready=True, updated_unix_ms=4.0)
+        reconciler_kv = await instances_bucket(buses["reconciler"].js, cluster)
+        await reconciler_kv.put("r-record", record.model_dump_json().encode())
+        for user, watcher in watchers.items():
+            assert "w-record" in await asyncio.wait_for(_watch_until(watcher, "r-record"), 5), user
+            await watcher.stop()
+        for user, view in views.items():  # the gateway's status page and `janus status`
+            for _ in range(100):
+                if "r-record" in view.records:
+                    break
+                await asyncio.sleep(0.05)
+            assert "r-record" in view.records, user
+    finally:
+        for view in views.values():
+            await view.detach()
+        for bus in buses.values():
+            await bus.close()
+    rc, out = await _audit_as_operator(server, creds, tmp_path / "state", "--all", "--json")
+    assert rc == 0 and '"plan_id":"e-1"' in out
+    rc, out = await _audit_as_operator(server, creds, tmp_path / "state", "--verify")
+    assert rc == 0 and "intact: 3 event(s)" in out, out
+    refused = {u: _violations(server, u) for u in SERVICE_PERMISSIONS}
+    assert not any(refused.values()), refused
