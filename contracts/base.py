@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     UNAVAILABLE = "unavailable"  # no service answered on the subject
     INTERNAL = "internal"
+    POISON_REQUEST = "poison_request"  # failed on two instances: not dispatched again (HTTP 500)
 
 
 class ErrorInfo(Message):

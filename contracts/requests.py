@@ -7,7 +7,15 @@ from pydantic import Field, model_validator
 
 from .base import ErrorInfo, Message
 
+# Limits on what reaches an engine. The gateway refuses anything outside them with a 400 naming the field, and the
+# engine checks them again when a request is added (a request that skipped the gateway fails alone, never the
+# engine). Stop strings as OpenAI (4); their length and the stop token ids are capped so that matching stays cheap
+# per token (a 200 KB stop string was re-scanned on every token).
 MAX_STOP_STRINGS = 4
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0 <= seed < 2**64 (negative seeds are not accepted here)
+MAX_TOP_K = (1 << 31) - 1  # int32, as top-k runs on device tensors
 
 
 class SamplingParams(Message):

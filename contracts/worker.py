@@ -53,6 +53,10 @@ class PrefillDone(Message):
     prefill_ms: float = Field(ge=0)
     first_token_unix_ms: float
     ok: bool = True
+    # with ok=False, why: "handed_back" (the instance was not ready or drained: try elsewhere), "instance_failed"
+    # (its engine broke while holding the request: try elsewhere, at most once more: dispatcher/core/poison.py),
+    # "request_failed" (the request failed alone there and its error went to the client: nothing more to do)
+    failure: Literal["handed_back", "instance_failed", "request_failed"] = "handed_back"
     handed_over_to_instance_id: str = ""
 
 

@@ -128,10 +128,12 @@ class DispatcherService(Service):
             return
         req = self._requests.get(done.request_id)
         effects = self.core.on_prefill_done(now_ms(), done.instance_id, done.request_id, ok=done.ok,
-                                            first_token_ms=done.first_token_unix_ms)
+                                            first_token_ms=done.first_token_unix_ms, failure=done.failure)
         if done.ok and req is not None:
             self._requests.pop(done.request_id, None)
             self._streaming.started(req, done.instance_id)
+        elif done.failure == "request_failed":
+            self._requests.pop(done.request_id, None)  # it ended on the worker, with its own error
         await self._apply(effects)
         self._kick.set()
 
@@ -200,7 +202,9 @@ class DispatcherService(Service):
                 log.exception("dispatcher tick failed")
 
     async def _check_workers(self) -> None:
-        for worker_id, silent_s in self._workers.check(time.monotonic()).items():
+        # while we have no NATS connection (our node lost, reconnecting) workers' silence is ours, not theirs
+        is_listening = self.bus is None or self.bus.nc.is_connected
+        for worker_id, silent_s in self._workers.check(time.monotonic(), is_listening=is_listening).items():
             if worker_id in self._dead_workers:
                 continue
             log.warning("worker %s silent for %.1f s: its instances are lost", worker_id, silent_s)

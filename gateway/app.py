@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -12,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, TokenChunk
@@ -22,8 +24,10 @@ from .core.api import ChatBody, CompletionBody, field_of
 from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
 from .core.responses import Completion, chunk_body, final_body, usage_chunk
+from .http_guard import BodyGuard
 
 Event = TokenChunk | RequestDone | RequestFailed
+log = logging.getLogger("janus.gateway")
 STATUS_PAGE = Path(__file__).with_name("status_page.html")
 
 
@@ -45,12 +49,23 @@ class Backend(Protocol):
     def status_snapshot(self) -> dict: ...
 
 
+def _key_of(authorization: str) -> str:
+    return authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+
+
+def _is_authorized(backend: Backend, scope: dict) -> bool:
+    """Before the body is read (http_guard.BodyGuard): with API keys on, a request without a valid key costs the
+    gateway its headers only."""
+    if not backend.api_keys:
+        return True
+    auth = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), "")
+    return _key_of(auth) in backend.api_keys
+
+
 def _tenant(backend: Backend, request: Request) -> str:
     if not backend.api_keys:
         return "default"
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    tenant = backend.api_keys.get(key)
+    tenant = backend.api_keys.get(_key_of(request.headers.get("authorization", "")))
     if tenant is None:
         raise ApiError(ErrorCode.UNAUTHORIZED, "a valid API key is required (Authorization: Bearer <key>)")
     return tenant
@@ -68,9 +83,57 @@ def _sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-def create_app(backend: Backend) -> FastAPI:
+# what the OpenAPI document lists for the API routes: every error comes as an OpenAI error body
+_ERRORS = {400: "invalid request (a field is named in `param`), or the prompt is too long for the model",
+           401: "no valid API key (when API keys are configured)", 404: "unknown model",
+           408: "the body did not arrive in time", 413: "the body is larger than max_request_bytes",
+           429: "the tenant is over its rate or concurrency limit (Retry-After)",
+           500: "internal error, or a poison request (it failed on two instances); the message names the request id",
+           502: "the instance failed after streaming began", 503: "overloaded or no instance (Retry-After)",
+           504: "no answer in time"}
+
+
+class _ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    error: _ErrorDetail
+
+
+def _responses(*statuses: int) -> dict:
+    return {s: {"model": ErrorResponse, "description": _ERRORS[s]} for s in statuses}
+
+
+API_ERRORS = _responses(400, 401, 404, 408, 413, 429, 500, 502, 503, 504)
+
+
+def _without_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 on every route with a body; validation errors here are 400 (OpenAI's status)."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = build()
+            for path in doc.get("paths", {}).values():
+                for op in path.values():
+                    op.get("responses", {}).pop("422", None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
     app = FastAPI(title="Janus", version="0.1.0",
                   description="OpenAI-compatible multi-LLM serving (steady + elastic pools, LST-IMH dispatch)")
+    _without_422(app)
+    # the key is checked and the body counted before the app reads it (http_guard.py)
+    app.add_middleware(BodyGuard, max_request_bytes=backend.max_request_bytes, body_timeout_s=body_timeout_s,
+                       authorize=lambda scope: _is_authorized(backend, scope))
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -94,13 +157,11 @@ def create_app(backend: Backend) -> FastAPI:
         return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
                             headers=retry_headers(exc.status_code))
 
-    @app.middleware("http")
-    async def _limit_size(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > backend.max_request_bytes:
-            return JSONResponse(error_body(ErrorCode.PAYLOAD_TOO_LARGE,
-                                           f"the body has {length} bytes; at most {backend.max_request_bytes}"), 413)
-        return await call_next(request)
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # a bug must still answer as the API does (a JSON error body), never as a plain-text 500
+        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body(ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})"), 500)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -118,28 +179,29 @@ def create_app(backend: Backend) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok", "gateway": backend.gateway_id, "models": sorted(backend.models)}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_responses(401, 500))
     async def list_models(request: Request) -> dict:
         _tenant(backend, request)
         return {"object": "list", "data": [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "janus", "max_model_len": m.max_model_len}
             for m in backend.models.values()]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=API_ERRORS)
     async def completions(body: CompletionBody, request: Request):
         tenant = _tenant(backend, request)
         model = _model(backend, body.model)
         with backend.start_request_span("gateway completions"):
-            req = admit_completion(body, model, _envelope(backend, tenant))
+            # tokenising a large prompt takes a while: off the event loop, which serves every other request
+            req = await asyncio.to_thread(admit_completion, body, model, _envelope(backend, tenant))
             return await _admitted(backend, request, model, req, "completion", body.stream, _usage_wanted(body),
                                    bool(body.logprobs))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=API_ERRORS)
     async def chat(body: ChatBody, request: Request):
         tenant = _tenant(backend, request)
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
-            req = admit_chat(body, model, _envelope(backend, tenant))
+            req = await asyncio.to_thread(admit_chat, body, model, _envelope(backend, tenant))
             return await _admitted(backend, request, model, req, "chat", body.stream, _usage_wanted(body),
                                    body.logprobs)
 

@@ -43,6 +43,7 @@ from .core.limits import TenantLimiter
 from .metrics import IN_FLIGHT, observe_request
 from .core.recovery import StreamRecovery, resend_due
 from .core.stream import StreamAssembler
+from .http_guard import guarded_h11
 
 log = logging.getLogger("janus.gateway")
 
@@ -129,7 +130,7 @@ class GatewayService(Service):
         self.listening = False  # true once the bound port is known (port=0 picks one at start)
         self._tracer = tracing.tracer("janus.gateway")
         self.view = ClusterView()
-        self.app = create_app(self)
+        self.app = create_app(self, body_timeout_s=cluster.gateway.body_timeout_s)
 
     # --- Backend (what the HTTP app needs) ---
     def reply_subject(self, request_id: str) -> str:
@@ -208,8 +209,12 @@ class GatewayService(Service):
         while True:
             remaining = deadline - time.monotonic()
             try:
-                event = await asyncio.wait_for(pending.queue.get(), timeout=max(remaining, 0.001))
-            except asyncio.TimeoutError:
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that races an event already
+                # queued (gh-86296), and a fast stream always has one, so a client's disconnect was lost
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    event = await pending.queue.get()
+            except TimeoutError:
+
                 yield RequestFailed(request_id=request.request_id, seq=pending.assembler.next_seq, error=ErrorInfo(
                     code=ErrorCode.TIMEOUT, message=f"no answer within {self.request_timeout_s} s"))
                 return
@@ -331,6 +336,9 @@ class GatewayService(Service):
         # no access log: it would hold request lines and, behind proxies, keys; metrics and traces cover it
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=30, access_log=False,
+                                http=guarded_h11(header_timeout_s=gw.header_timeout_s,
+                                                 max_connections=gw.max_connections),
+                                timeout_keep_alive=gw.idle_timeout_s,
                                 ssl_certfile=str(gw.tls_certfile) if gw.tls_certfile else None,
                                 ssl_keyfile=str(gw.tls_keyfile) if gw.tls_keyfile else None)
         self._server = _Server(config)

@@ -58,8 +58,14 @@ class GatewaySpec(Frozen):
     default_tenant_limits: TenantLimits = TenantLimits()
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
-    max_request_bytes: int = Field(default=1 << 20, gt=0)
+    max_request_bytes: int = Field(default=1 << 20, gt=0, description="counted while reading (chunked too): 413")
     request_timeout_s: float = Field(default=300.0, gt=0)
+    # connection limits (docs/operations.md): a client that holds a connection without finishing its request
+    # headers, or its body, or idles between requests, loses it; connections beyond the cap get 503 at once
+    max_connections: int = Field(default=1024, ge=1, description="open HTTP connections at once")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="to send a request's headers")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="between two chunks of a request body")
+    idle_timeout_s: float = Field(default=5.0, gt=0, description="keep-alive: idle between two requests")
 
 
 class ClusterConfig(Frozen):

@@ -45,7 +45,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 from .compactor import Compactor
 from .core.lifecycle import drain_decision
 from .core.stream_log import StreamLog
-from .core.streaming import RequestTrack, emissions_for, failure
+from .core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
 from .engine_loop import EngineLoop
 from .heartbeat import build_heartbeat
 from .lifecycle.commands import CommandBook
@@ -355,6 +355,9 @@ class WorkerService(Service):
             await starting
         except ValueError as exc:  # the engine refuses the input: a clear error, nothing was streamed
             await self.send(track, [failure(track, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=str(exc)))])
+            # the dispatchers forget it (no re-dispatch: it would fail the same way anywhere)
+            await self.bus.publish(subjects.PREFILL_DONE, request_failed_notice(
+                track, worker_id=self.worker_id, now_unix_ms=self.now_unix_ms()), propagate=False)
             return
         self.wake_engines()
 
@@ -419,13 +422,14 @@ class WorkerService(Service):
                 track.span.set_attribute("janus.output_tokens", track.num_output_tokens)
                 track.span.end()
 
-    async def _hand_back(self, track: RequestTrack) -> None:
-        """Before the first token a request can still move: tell the dispatchers (PrefillDone ok=False)."""
+    async def _hand_back(self, track: RequestTrack, failure_kind: str = "handed_back") -> None:
+        """Before the first token a request can still move: tell the dispatchers (PrefillDone ok=False; with
+        "instance_failed" it counts towards the poison rule, dispatcher/core/poison.py)."""
         track.is_finished = True
         self.stream_log.forget(track.request_id)  # it streams elsewhere: nothing here to resend
         done = PrefillDone(request_id=track.request_id, model=track.model, worker_id=self.worker_id,
                            instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens, prefill_ms=0.0,
-                           first_token_unix_ms=self.now_unix_ms(), ok=False)
+                           first_token_unix_ms=self.now_unix_ms(), ok=False, failure=failure_kind)
         await self.bus.publish(subjects.PREFILL_DONE, done, propagate=False)
         await self.send(track, [])
 
@@ -437,7 +441,7 @@ class WorkerService(Service):
         await self.lifecycle.engine_failed(inst, f"engine failed: {exc}")
         for track in list(inst.in_flight.values()):
             if track.first_token_unix_ms is None:
-                await self._hand_back(track)
+                await self._hand_back(track, "instance_failed")
                 continue
             err = ErrorInfo(code=ErrorCode.INSTANCE_FAILED, message=f"engine failed after streaming began: {exc}")
             await self.send(track, [failure(track, err)])

@@ -19,6 +19,7 @@ from .jobs import Job
 from .least_load import LeastLoadIndex
 from .load_window import LoadWindow
 from .planner import plan_round
+from .poison import is_poison, note_instance_failure, poison_message
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
 from .registry import InstanceView
@@ -92,7 +93,9 @@ class DispatcherCore:
         now = self._advance(now_ms)
         effects: list[Effect] = []
         for instance_id in self._view.update(now, records):
-            effects += self._lose_instance(now, instance_id, is_ban=False)
+            # FAILED: its engine broke (poison.py counts it); gone from the registry: a loss, not a failure
+            is_failure = self._view.record(instance_id) is not None
+            effects += self._lose_instance(now, instance_id, is_ban=False, is_failure=is_failure)
         for model in self._view.models():
             self._window(model, now)
         for model in list(self._queues):
@@ -116,9 +119,12 @@ class DispatcherCore:
         request_id: str,
         ok: bool = True,
         first_token_ms: float | None = None,
+        failure: str = "handed_back",
     ) -> list[Effect]:
         """A prefill finished (PrefillDone): correct the instance's EPDT. ok=False means it failed before its first
-        token: the request goes back to the queue (or fails once its attempts are used up)."""
+        token, and `failure` says how (contracts.PrefillDone): "handed_back" and "instance_failed" send the request
+        back to the queue (or fail it once its attempts are used up, or as a poison request: poison.py);
+        "request_failed" ended it on the instance with its own error, so it is only forgotten here."""
         now = self._advance(now_ms)
         ledger = self._view.existing_ledger(instance_id)
         if ledger is not None:
@@ -137,7 +143,13 @@ class DispatcherCore:
             self._decode.record_prefill_done(request_id, now)
         else:
             self._decode.forget_request(request_id)
-            effects += self._retry(now, job, instance_id)
+            if failure == "instance_failed":
+                effects += self._retry(now, job, instance_id, is_instance_failure=True)
+                # its engine broke: route nothing more there until the registry says FAILED (the worker writes
+                # that too, but this report may come first), and what else it held goes back to the queue now
+                effects += self._lose_instance(now, instance_id, is_ban=True, is_failure=True)
+            elif failure != "request_failed":
+                effects += self._retry(now, job, instance_id, is_instance_failure=False)
         return effects + self._dispatch(now, model)
 
     def on_cancel(self, now_ms: float, request_id: str) -> list[Effect]:
@@ -160,7 +172,7 @@ class DispatcherCore:
         """The instance died (heartbeat timeout, lifecycle FAILED): what it held before the first token goes back to
         the queue. Requests past their first token are not tracked here; the shell fails those."""
         now = self._advance(now_ms)
-        effects = self._lose_instance(now, instance_id, is_ban=True)
+        effects = self._lose_instance(now, instance_id, is_ban=True, is_failure=True)
         record = self._view.record(instance_id)
         models = [record.model] if record is not None else list(self._queues)
         for model in models:
@@ -252,16 +264,21 @@ class DispatcherCore:
             window = self._windows[model] = LoadWindow(model, self.policy.window_s, now)
         return window
 
-    def _lose_instance(self, now: float, instance_id: str, is_ban: bool) -> list[Effect]:
+    def _lose_instance(self, now: float, instance_id: str, is_ban: bool, is_failure: bool) -> list[Effect]:
         effects: list[Effect] = []
         self._decode.forget_instance(instance_id)
         for request_id in self._view.mark_lost(now, instance_id, is_ban):
             inflight = self._inflight.pop(request_id, None)
             if inflight is not None:
-                effects += self._retry(now, inflight.job, instance_id)
+                effects += self._retry(now, inflight.job, instance_id, is_instance_failure=is_failure)
         return effects
 
-    def _retry(self, now: float, job: Job, instance_id: str) -> list[Effect]:
+    def _retry(self, now: float, job: Job, instance_id: str, *, is_instance_failure: bool) -> list[Effect]:
+        if is_instance_failure:
+            job.failed_on = note_instance_failure(job.failed_on, instance_id)
+            if is_poison(job.failed_on):
+                return [self._reject(now, job, ErrorCode.POISON_REQUEST,
+                                     poison_message(job.request_id, job.failed_on), retryable=False)]
         job.attempt += 1
         model = job.request.model
         if job.attempt >= self.policy.max_num_attempts:

@@ -13,6 +13,7 @@ class Job:
     is_late: bool  # requeued with a relaxed deadline (or arrived so): never counted on time
     num_relaxations: int = 0
     attempt: int = 0
+    failed_on: tuple[str, ...] = ()  # instances that failed while holding it (poison.py)
     # Late job: from this time on even a free instance misses its (relaxed) deadline.
     hopeless_at_ms: float = float("inf")
 

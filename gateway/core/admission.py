@@ -85,7 +85,18 @@ def _max_tokens(requested: int | None, num_prompt_tokens: int, model: ServedMode
     return requested
 
 
-def _sampling(body: CompletionBody | ChatBody, max_tokens: int, logprobs: bool) -> SamplingParams:
+def _check_stop_token_ids(ids: Sequence[int], model: ServedModel) -> None:
+    """A stop token id the model cannot produce is a client error (the body's own limits bound their number)."""
+    vocab = model.tokenizer.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f"stop token id {bad} is outside the vocabulary of {model.name} (0 <= id < {vocab})",
+                       "stop_token_ids")
+
+
+def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: int, logprobs: bool) -> SamplingParams:
+    _check_stop_token_ids(body.stop_token_ids or (), model)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -111,7 +122,7 @@ def admit_completion(body: CompletionBody, model: ServedModel, env: Envelope) ->
     ids = prompt_ids_of_completion(body, model.tokenizer)
     _check_ids(ids, model)
     max_tokens = _max_tokens(body.max_tokens, len(ids), model, "max_tokens")
-    return _request(model, env, ids, _sampling(body, max_tokens, bool(body.logprobs)))
+    return _request(model, env, ids, _sampling(body, model, max_tokens, bool(body.logprobs)))
 
 
 def admit_chat(body: ChatBody, model: ServedModel, env: Envelope) -> GenerateRequest:
@@ -119,4 +130,4 @@ def admit_chat(body: ChatBody, model: ServedModel, env: Envelope) -> GenerateReq
     _check_ids(ids, model)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(body.requested_max_tokens(), len(ids), model, param)
-    return _request(model, env, ids, _sampling(body, max_tokens, body.logprobs))
+    return _request(model, env, ids, _sampling(body, model, max_tokens, body.logprobs))

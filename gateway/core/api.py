@@ -2,11 +2,24 @@
 error and not a silently ignored knob."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-MAX_STOP = 4
+from contracts.requests import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOP_K, SEED_LIMIT
+
+
+def _utf8(text: str) -> str:
+    """JSON may carry a lone surrogate ("\\ud800"), which no UTF-8 tokenizer or response can hold: refuse it here
+    (a 400 naming the field) rather than fail deep inside tokenisation."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"invalid text: {exc.reason} at position {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class _Body(BaseModel):
@@ -18,30 +31,33 @@ class StreamOptions(_Body):
 
 
 class _Common(_Body):
-    model: str = Field(min_length=1)
+    model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64")
     presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
-    user: str | None = Field(default=None, max_length=256)
+    user: Text | None = Field(default=None, max_length=256)
     # extensions (vLLM-style)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS,
+                                             description="each in [0, vocabulary size); checked at admission")
 
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+            raise ValueError(f"a stop sequence has at most {MAX_STOP_STRING_CHARS} characters")
         return v
 
     def stop_list(self) -> tuple[str, ...]:
@@ -49,7 +65,7 @@ class _Common(_Body):
 
 
 class CompletionBody(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = Field(default=16, description="OpenAI's default for completions")
     logprobs: int | None = Field(default=None, ge=0, le=1, description="log-probability of the chosen token")
     echo: bool = Field(default=False)
@@ -65,13 +81,13 @@ class CompletionBody(_Common):
 
 class ContentPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:

@@ -22,6 +22,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INSTANCE_FAILED: (502, "server_error"),
     ErrorCode.ILLEGAL_TRANSITION: (409, "invalid_request_error"),
     ErrorCode.INTERNAL: (500, "server_error"),
+    ErrorCode.POISON_REQUEST: (500, "server_error"),
 }
 
 # Retry-After (RFC 9110 section 10.2.3) goes on every 429 and 503: whole seconds, as OpenAI's SDKs and most HTTP
@@ -85,6 +86,12 @@ def retry_headers(status: int, retry_after_s: float | None = None) -> dict[str, 
     return {"Retry-After": retry_after_header(retry_after_s)} if status in RETRY_AFTER_STATUSES else {}
 
 
+def _printable(text: str) -> str:
+    """Messages quote what the client sent; a lone surrogate in it would make the JSON response itself unencodable."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(code: ErrorCode, message: str, param: str | None = None) -> dict:
     kind = _STATUS.get(code, (500, "server_error"))[1]
-    return {"error": {"message": message, "type": kind, "param": param, "code": code.value}}
+    return {"error": {"message": _printable(message), "type": kind,
+                      "param": None if param is None else _printable(param), "code": code.value}}

@@ -294,12 +294,19 @@ def _forbidden_for(user: str) -> dict:
 
 
 def test_no_service_gets_the_whole_jetstream_api():
+    """Each JetStream API subject a user may publish to names its operation and its stream (no wildcard before the
+    stream name), and none of them deletes, purges or lists."""
     for user, perms in SERVICE_PERMISSIONS.items():
-        assert not [p for p in perms.publish if p.startswith("$JS.API") and (">" in p.split(".")[:4] or
-                                                                              p.count(".") < 4)], user
-        assert not [p for p in perms.publish if any(f"$JS.API.{op}" in p for op in
-                                                    ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE",
-                                                     "CONSUMER.DELETE", "STREAM.NAMES", "STREAM.LIST"))], user
+        assert ">" not in perms.publish, user
+        for subject in perms.publish:
+            tokens = subject.split(".")
+            if subject.startswith("$JS"):
+                named = tokens[:5] if tokens[1:2] == ["API"] else tokens[:3]  # $JS.API.<KIND>.<OP>.<stream> | $JS.x.y
+                assert not {"*", ">"} & set(named), (user, subject)
+                assert tokens[1] == "API", (user, subject)  # no $JS.ACK / $JS.FC forging: replies go by allow_responses
+            for op in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE", "CONSUMER.DELETE", "STREAM.NAMES",
+                       "STREAM.LIST", "CONSUMER.DURABLE"):
+                assert f"$JS.API.{op}" not in subject, (user, subject)
 
 
 @pytest.mark.parametrize("user", sorted(SERVICE_PERMISSIONS))

@@ -76,10 +76,24 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                       num_output_tokens=track.num_output_tokens,
                                       first_token_unix_ms=track.first_token_unix_ms, worker_id=worker_id,
                                       instance_id=track.instance_id))
+        elif out.finish_reason == "error":
+            # it failed alone in the engine (the engine goes on): a typed error to the client, and before the
+            # first token the dispatchers hear that it ended here and must not be dispatched again
+            message = f"request {track.request_id} failed in the engine: {getattr(out, 'error', None) or 'error'}"
+            events.append(failure(track, ErrorInfo(code=ErrorCode.INTERNAL, message=message)))
+            if track.first_token_unix_ms is None:
+                prefill = request_failed_notice(track, worker_id=worker_id, now_unix_ms=now_unix_ms)
         else:
             code = ErrorCode.CANCELLED if track.is_cancelled else ErrorCode.INSTANCE_FAILED
             events.append(failure(track, ErrorInfo(code=code, message=f"request ended: {out.finish_reason}")))
     return Emission(events, prefill)
+
+
+def request_failed_notice(track: RequestTrack, *, worker_id: str, now_unix_ms: float) -> PrefillDone:
+    """For the dispatchers: the request ended on this instance before its first token, with its own error."""
+    return PrefillDone(request_id=track.request_id, model=track.model, worker_id=worker_id,
+                       instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens, prefill_ms=0.0,
+                       first_token_unix_ms=now_unix_ms, ok=False, failure="request_failed")
 
 
 def failure(track: RequestTrack, error: ErrorInfo) -> RequestFailed:

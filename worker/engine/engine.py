@@ -20,7 +20,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from contracts.requests import SamplingParams
+from contracts.requests import MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS, SEED_LIMIT, SamplingParams
 
 from .block_manager import BlockManager
 from .config import EngineConfig, ModelConfig
@@ -226,7 +226,10 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
                 seq = batch.seqs[i]
                 if self.config.keep_logits:
                     self.last_logits[seq.request_id] = logits[k].detach().cpu()
-                outputs.append(self._on_token(seq, tokens[k], logprobs[k] if logprobs else None, finished_s))
+                try:
+                    outputs.append(self._on_token(seq, tokens[k], logprobs[k] if logprobs else None, finished_s))
+                except Exception as exc:  # noqa: BLE001 - one request's detokenising or stop matching: it alone ends
+                    outputs.append(self._fail_request(seq, exc))
             self.metrics.record_step(finished_s, finished_s - started, num_prefill, num_decode)
             self.last_step = StepRecord(num_prefill, num_decode, len(batch.seqs), finished_s - started)
         return outputs
@@ -268,6 +271,7 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         vocab = self.model_config.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        _check_sampling(sampling, vocab)
         return prompt
 
     def _claim_id(self, request_id: str) -> None:
@@ -300,7 +304,11 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
             kind, *args = self._inbox.popleft()
             if kind == "add":
                 (seq,) = args
-                self._register(seq)
+                try:
+                    self._register(seq)
+                except Exception as exc:  # noqa: BLE001 - this request's own setup failed: it alone ends
+                    outputs.append(self._fail_request(seq, exc))
+                    continue
                 self.scheduler.add(seq)
             elif kind == "add_decode":
                 outputs.extend(self._admit_decode(*args))
@@ -333,6 +341,12 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         self.sampler.remove_request(rid)
         with self._ids_lock:
             self._live_ids.discard(rid)
+
+    def _fail_request(self, seq: Sequence, exc: Exception) -> EngineOutput:
+        """End one request whose own processing raised; the batch and the engine go on (the forward pass is
+        shared, so an error there is the engine's, not a request's, and step() raises it)."""
+        self._finish(seq)
+        return self._output(seq, (), "", None, "error", error=f"{type(exc).__name__}: {exc}")
 
     def _output(self, seq, token_ids, text, logprobs, finish_reason, **extra) -> EngineOutput:
         return EngineOutput(
@@ -385,6 +399,19 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
     def kv_block_num_bytes(self) -> int:
         """Bytes of one KV block (all layers, K and V): the unit of P/D transfer."""
         return self.kv_cache.block_num_bytes
+
+
+def _check_sampling(sampling: SamplingParams, vocab: int) -> None:
+    """The gateway refuses these with a 400 already; checked again so that a request that skipped it (another
+    client of the bus) fails alone at add_request instead of inside step(), where the engine would fail."""
+    if sampling.seed is not None and not 0 <= sampling.seed < SEED_LIMIT:
+        raise ValueError(f"seed must lie in [0, 2**64), got {sampling.seed}")
+    if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids")
+    if any(not 0 <= t < vocab for t in sampling.stop_token_ids):
+        raise ValueError(f"stop token ids must lie in [0, {vocab})")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in sampling.stop):
+        raise ValueError(f"a stop string has at most {MAX_STOP_STRING_CHARS} characters")
 
 
 class _NullContext:

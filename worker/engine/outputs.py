@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,9 @@ class EngineOutput:
     Prefill/decode disaggregation: a request added with `add_prefill_request` ends with one output where
     `is_prefill_done` is True and `kv_block_ids` lists the blocks holding its prompt's KV (kept until
     `release_kv_blocks`); `is_finished` stays False there unless the request already ended at its first token.
+
+    finish_reason "error": something failed while serving this one request (setting up its sampler or stop
+    matching, detokenising its token); it ended alone with `error` saying what, and the engine goes on.
     """
 
     request_id: str
@@ -29,6 +32,7 @@ class EngineOutput:
     num_output_tokens: int
     is_prefill_done: bool = False
     kv_block_ids: tuple[int, ...] | None = None
+    error: str | None = None  # finish_reason "error": what failed while serving this request (it alone ended)
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,8 @@ def test_attempts_are_bounded():
     core.on_instances(0.0, [record("a"), record("b")])
     core.on_request(0.0, request("r0", 0.0))
     core.on_instance_lost(10.0, "a")
-    (reject,) = rejects(core.on_instance_lost(20.0, "b"))
+    # handed back by an instance that was not ready: an attempt used, no instance failure (not a poison request)
+    (reject,) = rejects(core.on_prefill_done(20.0, "b", "r0", ok=False))
     assert reject.code == ErrorCode.INSTANCE_FAILED
     assert core.inflight_ids() == [] and core.queue_depth("m") == 0
 
