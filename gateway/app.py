@@ -28,6 +28,7 @@ from .http_guard import BodyGuard
 
 Event = TokenChunk | RequestDone | RequestFailed
 log = logging.getLogger("janus.gateway")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 STATUS_PAGE = Path(__file__).with_name("status_page.html")
 
 
@@ -142,10 +143,14 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        # a union tries every branch: a check of ours ("value_error") says what is wrong better than "not a str"
+        first = next((e for e in errs if e.get("type") == "value_error"), errs[0] if errs else
+                     {"loc": (), "msg": "invalid request"})
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(ErrorCode.INVALID_REQUEST, "the body is not valid JSON"), 400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        # a union's branch tags ("str", "function-after[_utf8(), str]") are not fields: left out of the message
+        where = ".".join(str(p) for p in first.get("loc", ())
+                         if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
         msg = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
         if len(errs) > 1:
             msg += f" (and {len(errs) - 1} more)"
