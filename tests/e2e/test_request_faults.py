@@ -6,7 +6,8 @@ memory or work it no longer wants.
 - the same request sent past the gateway, straight onto the bus, fails alone in the engine with a typed error, while
   the streams around it finish whole and no instance fails;
 - a chunked 10 MB body is refused with 413 within 1 s, and the gateway's memory comes back;
-- a non-streaming client that disconnects stops its generation within 1 s.
+- a non-streaming client that disconnects stops its generation within 1 s;
+- 200 idle or half-sent connections are closed after the header timeout, and serving goes on meanwhile.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ POISON = {"model": "demo-tiny", "prompt": "x", "max_tokens": 4, "seed": 18446744
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, demo_models_dir):
-    cluster = asyncio.run(start(tmp_path_factory.mktemp("requests"), cluster_config(demo_models_dir)))
+    config = cluster_config(demo_models_dir, gateway={"request_timeout_s": 120, "header_timeout_s": 1.0})
+    cluster = asyncio.run(start(tmp_path_factory.mktemp("requests"), config))
     yield cluster
     cluster.stop()
 
@@ -201,3 +203,25 @@ async def test_a_non_streaming_disconnect_stops_generation_within_a_second(clust
         assert num_tokens < 3000  # it did not run to max_tokens
     finally:
         await operator.close()
+
+
+async def test_idle_and_half_sent_connections_are_closed_after_the_header_timeout(cluster):
+    host, port = cluster.gateway_url.removeprefix("http://").split(":")
+    opened_s = time.monotonic()
+    conns = [await asyncio.open_connection(host, int(port)) for _ in range(200)]
+    for reader, writer in conns[::2]:  # half of them start a request and never finish its headers
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\n")
+
+    async def closed_after_s(reader: asyncio.StreamReader) -> float:
+        assert await asyncio.wait_for(reader.read(), timeout=10.0) == b""  # EOF: the gateway closed it
+        return time.monotonic() - opened_s
+
+    watching = [asyncio.create_task(closed_after_s(reader)) for reader, _ in conns]
+    async with httpx.AsyncClient(base_url=cluster.gateway_url, timeout=30) as client:
+        r = await client.post("/v1/completions", json={"model": "demo-tiny", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200  # served while they are held
+    held_s = max(await asyncio.gather(*watching))
+    print(f"\n[200 idle or half-sent connections] all closed within {held_s:.1f} s (header timeout 1 s)")
+    assert held_s < 3.0
+    for _, writer in conns:
+        writer.close()

@@ -311,7 +311,10 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
                     continue
                 self.scheduler.add(seq)
             elif kind == "add_decode":
-                outputs.extend(self._admit_decode(*args))
+                try:
+                    outputs.extend(self._admit_decode(*args))
+                except Exception as exc:  # noqa: BLE001 - a handed-over request's own setup failed: it alone ends
+                    outputs.append(self._fail_request(args[0], exc))
             elif kind == "abort":
                 outputs.extend(self._abort_now(args[0]))
         return outputs

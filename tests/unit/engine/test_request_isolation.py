@@ -70,6 +70,16 @@ def test_a_request_failing_on_its_token_inside_step_fails_alone(engine):
     assert engine.stats().num_kv_blocks_used == 0
 
 
+def test_a_handed_over_request_failing_in_its_setup_fails_alone(engine):
+    blocks = engine.reserve_kv_blocks("bad-decode", 3)
+    bad = SamplingParams.model_construct(**{**_ok().model_dump(), "stop": ("",)})
+    engine.add_decode_request("bad-decode", [5, 6, 7], 9, bad, blocks)
+    engine.add_request("good", [5, 6, 7], _ok(4))
+    outs = _run(engine)
+    assert outs["bad-decode"][-1].finish_reason == "error" and outs["good"][-1].finish_reason == "length"
+    assert engine.stats().num_kv_blocks_used == 0  # the reserved blocks came back with the failed request
+
+
 def test_the_engine_loop_keeps_the_engine_when_one_request_fails(engine):
     outputs, failures = [], []
     done = threading.Event()
