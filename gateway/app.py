@@ -23,6 +23,7 @@ from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
 from .core.api import ChatBody, CompletionBody, field_of
 from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
+from .core.readiness import Readiness
 from .core.responses import Completion, chunk_body, final_body, usage_chunk
 from .http_guard import BodyGuard
 
@@ -48,6 +49,8 @@ class Backend(Protocol):
     def start_request_span(self, name: str): ...
 
     def status_snapshot(self) -> dict: ...
+
+    def readiness(self) -> Readiness: ...
 
 
 def _key_of(authorization: str) -> str:
@@ -182,7 +185,17 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
+        """Liveness: the process serves HTTP. Restart it when this fails; route traffic by /ready."""
         return {"status": "ok", "gateway": backend.gateway_id, "models": sorted(backend.models)}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 503 while requests could not be served (no NATS connection, no dispatcher answering)."""
+        state = backend.readiness()
+        if state.is_ready:
+            return JSONResponse({"status": "ready", "gateway": backend.gateway_id, "detail": state.reason})
+        return JSONResponse(error_body(ErrorCode.UNAVAILABLE, f"not ready: {state.reason}"), 503,
+                            headers=retry_headers(503, 1.0))
 
     @app.get("/v1/models", responses=_responses(401, 500))
     async def list_models(request: Request) -> dict:

@@ -40,6 +40,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 from .app import Event, create_app
 from .core.admission import ServedModel
 from .core.limits import TenantLimiter
+from .core.readiness import Readiness, readiness
 from .metrics import IN_FLIGHT, observe_request
 from .core.recovery import StreamRecovery, resend_due
 from .core.stream import StreamAssembler
@@ -214,7 +215,6 @@ class GatewayService(Service):
                 async with asyncio.timeout(max(remaining, 0.001)):
                     event = await pending.queue.get()
             except TimeoutError:
-
                 yield RequestFailed(request_id=request.request_id, seq=pending.assembler.next_seq, error=ErrorInfo(
                     code=ErrorCode.TIMEOUT, message=f"no answer within {self.request_timeout_s} s"))
                 return
@@ -372,3 +372,9 @@ class GatewayService(Service):
 
     def health_detail(self) -> dict[str, str]:
         return {"url": self.url, "in_flight": str(len(self._pending))}
+
+    def readiness(self) -> Readiness:
+        """For /ready: from what the gateway tracks anyway (its connection, dispatcher heartbeats), no round trip."""
+        return readiness(is_nats_connected=self.bus is not None and self.bus.nc.is_connected,
+                         dispatcher_silent_s=self._dispatchers.least_silent_s(time.monotonic()),
+                         dispatcher_timeout_s=DISPATCHER_TIMEOUT_S)

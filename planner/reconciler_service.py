@@ -23,7 +23,7 @@ from contracts import (
     subjects,
 )
 from runtime.bus import Bus, BusError, Envelope
-from runtime.jetstream import ensure_kv
+from runtime.jetstream import instances_bucket
 from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -54,7 +54,7 @@ class ReconcilerService(Service):
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
-        self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        self._kv = await instances_bucket(bus.js, self.cluster)  # with the cluster's replicas, should it be first
         self._watcher = await self._kv.watchall()
         self._tasks.append(asyncio.create_task(self._watch_registry()))
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)

@@ -1,5 +1,12 @@
 """`janus up`: NATS and every service as separate OS processes, through the same `janus serve` entry points that
-docker-compose uses. A service that crashes is restarted (with back-off); Ctrl-C stops everything cleanly."""
+docker-compose uses. Ctrl-C stops everything cleanly.
+
+Supervision: a service or nats-server node that exits on its own is restarted (a node on the same port and store
+directory, so clients reconnect to the URLs they have and JetStream keeps its data), after a back-off and within a
+restart budget that refills with the time the process ran (runtime/restart_budget.py). Each restart is a warning in
+the launcher's log; a process that spends its budget (a crash loop) is an error with the tail of its log, and then
+the launcher stops everything and exits with EXIT_GAVE_UP, so whatever runs `janus up` (systemd, a container
+runtime, an operator) sees a failure instead of a cluster that looks up and serves nothing."""
 from __future__ import annotations
 
 import asyncio
@@ -19,12 +26,18 @@ from contracts import HealthReply, subjects
 
 from .bus import Bus
 from .catalog import ensure_demo_models
-from .nats_server import EmbeddedNats
+from .nats_server import EmbeddedNats, NatsServerError
+from .restart_budget import RestartBudget, RestartPolicy
 from .security import load_or_create_credentials, user_for_service, write_nats_config, write_private
 from .services import available_services
 from .settings import ClusterConfig, JanusSettings, ModelSpec
 
 log = logging.getLogger("janus.up")
+
+# `janus up` exits with this when a child or a NATS node spent its restart budget (everything else was stopped)
+EXIT_GAVE_UP = 3
+# how often the launcher looks for exited processes: a killed nats-server is back within about this plus its start
+SUPERVISE_PERIOD_S = 0.25
 
 
 def _die_with_parent() -> None:
@@ -33,23 +46,58 @@ def _die_with_parent() -> None:
 
 
 @dataclass
-class Child:
-    service: str
-    instance: str
-    args: list[str]
-    proc: subprocess.Popen | None = None
-    num_restarts: int = 0
+class Supervised:
+    """What the launcher remembers of one process it restarts: its budget and, after an exit, when to start it."""
+    budget: RestartBudget = field(default_factory=RestartBudget)
     started_monotonic: float = 0.0
+    restart_at_monotonic: float | None = None  # set between an exit and the restart
+    gave_up: str | None = None  # why, once the budget is spent
+
+    @property
+    def num_restarts(self) -> int:
+        return self.budget.num_restarts
+
+
+@dataclass
+class Child(Supervised):
+    service: str = ""
+    instance: str = ""
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
     log_path: Path | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.instance
+
+    def exit_code(self) -> int | None:
+        """None while running (or never started)."""
+        return None if self.proc is None else self.proc.poll()
+
+
+@dataclass
+class NatsNode(Supervised):
+    """A nats-server node under supervision. A node stopped on purpose (EmbeddedNats.stop/kill) is not restarted:
+    only one that exited by itself (a crash, `kill -9` from outside)."""
+    node: EmbeddedNats | None = None
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def exit_code(self) -> int | None:
+        return self.node.exit_code()
 
 
 class Cluster:
     """The processes of one local cluster."""
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig, *, config_path: Path | None,
-                 gateway_port: int | None = None, num_workers: int | None = None, num_nats_nodes: int = 1) -> None:
+                 gateway_port: int | None = None, num_workers: int | None = None, num_nats_nodes: int = 1,
+                 restart_policy: RestartPolicy = RestartPolicy()) -> None:
         self.settings = settings
+        self.restart_policy = restart_policy
         self.cluster = cluster
         self.state_dir = Path(settings.state_dir)
         # the children read the effective config (command-line overrides included) from one file
@@ -64,7 +112,9 @@ class Cluster:
         nats_conf = write_nats_config(self.state_dir / "nats.conf", self.credentials)
         self.nats_nodes = nats_cluster(self.state_dir, num_nats_nodes, ["-c", str(nats_conf)])
         self.nats = self.nats_nodes[0]
+        self.supervised_nats = [NatsNode(node=node, budget=RestartBudget(restart_policy)) for node in self.nats_nodes]
         self.children: list[Child] = []
+        self.is_stopping = False
         self.gateway_url: str | None = None
 
     def _serve_args(self, service: str, instance: str, extra: list[str] | None = None) -> list[str]:
@@ -74,15 +124,19 @@ class Cluster:
     def plan_children(self) -> list[Child]:
         services = available_services()
         children = []
+
+        def add(service: str, instance: str, extra: list[str] | None = None) -> None:
+            children.append(Child(service=service, instance=instance, args=self._serve_args(service, instance, extra),
+                                  budget=RestartBudget(self.restart_policy)))
+
         for i in range(self.num_workers):
-            children.append(Child("worker", f"worker-{i}", self._serve_args("worker", f"worker-{i}")))
+            add("worker", f"worker-{i}")
         for name in services:
             if name in ("worker", "gateway"):
                 continue
             for i in range(self.cluster.replicas.get(name, 1)):
-                children.append(Child(name, f"{name}-{i}", self._serve_args(name, f"{name}-{i}")))
-        children.append(Child("gateway", "gateway-0",
-                              self._serve_args("gateway", "gateway-0", ["--port", str(self.gateway_port)])))
+                add(name, f"{name}-{i}")
+        add("gateway", "gateway-0", ["--port", str(self.gateway_port)])
         return children
 
     def spawn(self, child: Child) -> None:
@@ -100,8 +154,9 @@ class Cluster:
     async def start(self, timeout_s: float = 180.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ensure_demo_models(self.cluster, self.settings.models_dir)
-        for node in self.nats_nodes:
-            node.start()
+        for watched in self.supervised_nats:
+            watched.node.start()
+            watched.started_monotonic = time.monotonic()
         (self.state_dir / "nats.url").write_text(self.nats_url)  # for `janus status` and `janus audit`
         self.children = self.plan_children()
         for child in self.children:
@@ -140,25 +195,79 @@ class Cluster:
         """Every node's URL: clients fail over between them."""
         return ",".join(node.url for node in self.nats_nodes if node.port is not None)
 
-    def restart_crashed(self, max_num_restarts: int = 5) -> list[str]:
-        """Restart children that died on their own; returns what was restarted."""
+    def notice_exits(self, now_s: float) -> list[Supervised]:
+        """Decide, once per exit, for every child and NATS node that exited by itself: restart it (when) or give up.
+        Logs each decision; returns the processes given up on just now."""
+        given_up = []
+        for watched in [*self.supervised_nats, *self.children]:
+            code = watched.exit_code()
+            if code is None or self.is_stopping or watched.restart_at_monotonic is not None or watched.gave_up:
+                continue
+            uptime_s = now_s - watched.started_monotonic
+            decision = watched.budget.on_exit(uptime_s)
+            if decision.restart:
+                watched.restart_at_monotonic = now_s + decision.delay_s
+                log.warning("%s exited with %s after %.1f s; restarting in %.2f s (restart %d, %.1f left in its "
+                            "budget)", watched.name, code, uptime_s, decision.delay_s, watched.num_restarts,
+                            decision.tokens_left)
+            else:
+                watched.gave_up = decision.reason
+                given_up.append(watched)
+                log.error("GIVING UP on %s: exited with %s, %s.%s", watched.name, code, decision.reason,
+                          _log_excerpt(watched))
+        return given_up
+
+    async def restart_due(self, now_s: float) -> list[str]:
+        """Start again what `notice_exits` scheduled and whose back-off has passed; returns their names. A NATS node
+        restarts on its own port and store (in a thread: its start polls for the port)."""
+        restarted = []
+        for watched in [*self.supervised_nats, *self.children]:
+            due = watched.restart_at_monotonic
+            if due is None or now_s < due:
+                continue
+            watched.restart_at_monotonic = None
+            watched.started_monotonic = time.monotonic()
+            try:
+                if isinstance(watched, NatsNode):
+                    await asyncio.to_thread(watched.node.restart)
+                else:
+                    self.spawn(watched)
+            except (OSError, NatsServerError) as exc:  # counted as an exit at once: the budget decides next
+                log.warning("%s did not start again: %s", watched.name, exc)
+                continue
+            restarted.append(watched.name)
+        return restarted
+
+    def restart_crashed(self) -> list[str]:
+        """Restart children that died on their own now, back-off or not (within their budgets); for tests that kill
+        children without a supervising loop. Returns what was restarted."""
+        now_s = time.monotonic()
+        self.notice_exits(now_s)
         restarted = []
         for child in self.children:
-            if child.proc is None or child.proc.poll() is None:
-                continue
-            if child.num_restarts >= max_num_restarts:
-                continue
-            backoff_s = min(10.0, 0.5 * 2 ** child.num_restarts)
-            if time.monotonic() - child.started_monotonic < backoff_s:
-                continue
-            log.warning("%s exited with %s; restarting", child.instance, child.proc.returncode)
-            child.num_restarts += 1
-            self.spawn(child)
-            restarted.append(child.instance)
+            if child.restart_at_monotonic is not None:
+                child.restart_at_monotonic = None
+                self.spawn(child)
+                restarted.append(child.instance)
         return restarted
+
+    async def supervise(self, stop: asyncio.Event, period_s: float = SUPERVISE_PERIOD_S) -> str | None:
+        """Until `stop` is set: restart what exits. Returns None when stopped, or a line naming what was given up
+        on (the caller stops the cluster)."""
+        while not stop.is_set():
+            given_up = self.notice_exits(time.monotonic())
+            if given_up:
+                return "; ".join(f"{w.name}: {w.gave_up}" for w in given_up)
+            await self.restart_due(time.monotonic())
+            try:
+                await asyncio.wait_for(stop.wait(), period_s)
+            except asyncio.TimeoutError:
+                pass
+        return None
 
     def stop(self, timeout_s: float = 40.0) -> None:
         """SIGTERM in reverse start order (gateway first: it stops taking requests), then NATS."""
+        self.is_stopping = True  # what exits from here on is not restarted
         for child in reversed(self.children):
             if child.proc and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
@@ -277,6 +386,12 @@ def profile_on_first_start(settings: JanusSettings, cluster: ClusterConfig) -> l
     return done
 
 
+def _log_excerpt(watched: Supervised) -> str:
+    path = watched.log_path if isinstance(watched, Child) else watched.node.log_path
+    tail = _tail(path, 1500).strip()
+    return f" The end of {path}:\n{tail}" if tail else ""
+
+
 def _tail(path: Path | None, num_bytes: int = 3000) -> str:
     try:
         return path.read_bytes()[-num_bytes:].decode(errors="replace") if path else ""
@@ -300,11 +415,11 @@ async def run_up(settings: JanusSettings, cluster: ClusterConfig, *, config_path
         print(f"janus: NATS at {local.nats_url}", flush=True)
         print(f"janus: gateway at {local.gateway_url}  (models: {models})", flush=True)
         print(f"janus: try  curl {local.gateway_url}/v1/models   — Ctrl-C stops everything", flush=True)
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                local.restart_crashed()
+        gave_up = await local.supervise(stop)
+        if gave_up is not None:
+            print(f"janus: gave up restarting {gave_up}; stopping everything (exit {EXIT_GAVE_UP})", file=sys.stderr,
+                  flush=True)
+            return EXIT_GAVE_UP
         return 0
     except (RuntimeError, TimeoutError) as exc:
         print(f"janus: {exc}", file=sys.stderr, flush=True)

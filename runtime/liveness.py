@@ -28,12 +28,24 @@ class PeerLiveness:
     def last_heard_s(self, peer: str) -> float | None:
         return self._heard_s.get(peer)
 
+    def least_silent_s(self, now_s: float) -> float | None:
+        """Since the most recently heard peer was heard (None: none ever): "is anyone there?" for readiness."""
+        return None if not self._heard_s else now_s - max(self._heard_s.values())
+
     def silent_for_s(self, peer: str, now_s: float) -> float | None:
         heard = self._heard_s.get(peer)
         return None if heard is None else now_s - heard
 
-    def check(self, now_s: float) -> dict[str, float]:
-        """Peers silent past the timeout, with how long; call once per watchdog tick."""
+    def check(self, now_s: float, *, is_listening: bool = True) -> dict[str, float]:
+        """Peers silent past the timeout, with how long; call once per watchdog tick. `is_listening=False` (this
+        process has no NATS connection: its node died, it is reconnecting) stops every peer's clock since the last
+        tick and reports nobody: that silence is ours too."""
+        if not is_listening:
+            if self._last_check_s is not None:
+                for peer in self._heard_s:
+                    self._heard_s[peer] = min(now_s, self._heard_s[peer] + max(0.0, now_s - self._last_check_s))
+            self._last_check_s = now_s
+            return {}
         if self._last_check_s is not None:
             # a tick is late by more than its period when the loop was blocked: discount that time
             stall_s = now_s - self._last_check_s - 2 * self.check_period_s

@@ -69,6 +69,15 @@ class EmbeddedNats:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def exit_code(self) -> int | None:
+        """The exit code of a server that exited by itself (crashed, killed from outside); None while it runs or
+        after `stop()` / `kill()` (stopped on purpose: nothing to restart)."""
+        return None if self._proc is None else self._proc.poll()
+
     def start(self, timeout_s: float = 10.0) -> "EmbeddedNats":
         self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
@@ -135,7 +144,8 @@ class EmbeddedNats:
         self._proc = None
 
     def restart(self, timeout_s: float = 10.0) -> None:
-        """Start again on the same port and store (clients reconnect to the same URL)."""
+        """Start again on the same port and store (clients reconnect to the same URL; a cluster node keeps its
+        route port, which is in its arguments)."""
         self.kill()
         self.requested_port = self.port or -1
         self.start(timeout_s)

@@ -38,7 +38,7 @@ from contracts import (
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.catalog import max_model_len, model_dir
-from runtime.jetstream import ensure_kv
+from runtime.jetstream import instances_bucket
 from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -61,7 +61,7 @@ log = logging.getLogger("janus.worker")
 
 HEARTBEAT_PERIOD_S = 0.5
 STOP_DRAIN_TIMEOUT_S = 30.0
-RECORD_REFRESH_HEARTBEATS = 10  # the worker is the truth about its instances: re-assert records every 5 s
+RECORD_REFRESH_S = 5.0  # the worker is the truth about its instances: it re-asserts their records this often
 
 
 class WorkerService(Service):
@@ -103,7 +103,8 @@ class WorkerService(Service):
         log.info("%s: torch threads %s, Mooncake logs at %s", self.worker_id, setup.num_torch_threads or "default",
                  setup.mooncake_log_level)
         self._open_device()
-        self._kv = await ensure_kv(bus.js, subjects.INSTANCES_BUCKET)
+        # created with the cluster's replicas if the worker is first: an R1 registry dies with its NATS node
+        self._kv = await instances_bucket(bus.js, self.cluster)
         self._engine_loop.start()
         await bus.subscribe(subjects.worker_run(self.worker_id), RunAssignment, self._on_run)
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
@@ -112,6 +113,7 @@ class WorkerService(Service):
         self._tasks.append(asyncio.create_task(self._publish_outputs()))
         # alive from the first moment: loading takes seconds, and a silent worker with records is a dead one
         self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
+        self._tasks.append(asyncio.create_task(self._refresh_records_forever()))
         for model in self._bootstrap_models():
             await self.activate(model, f"{self.worker_id}/{model}")
 
@@ -456,22 +458,38 @@ class WorkerService(Service):
         return hb
 
     async def _heartbeat_forever(self) -> None:
+        """Only local work and one core-NATS publish, each in its own `try`: nothing here waits on JetStream, so a
+        JetStream leader election (a NATS node lost) cannot silence the worker and make dispatchers declare it dead.
+        The registry records are refreshed by their own task (_refresh_records_forever)."""
         while True:
             try:
                 for inst in list(self.residents.values()):
                     self.pd.expire_reservations(inst, time.monotonic())
                 self.stream_log.expire(time.monotonic())
-                if self._seq % RECORD_REFRESH_HEARTBEATS == 0:
-                    for inst in list(self.residents.values()):
-                        if inst.lock.locked():
-                            continue  # a command is changing it: its transitions write the record
-                        async with inst.lock:  # no transition may slip in between reading and writing it
-                            if inst.state != ModelState.COLD:
-                                await self._put_record(inst)
+            except Exception:  # noqa: BLE001 - housekeeping failing must not stop the heartbeat
+                log.warning("%s: expiring reservations or the stream log failed", self.worker_id, exc_info=True)
+            try:
                 await self.bus.publish(subjects.worker_telemetry(self.worker_id), self.heartbeat(), propagate=False)
             except Exception:  # noqa: BLE001 - a missed heartbeat is not fatal; the next one may go through
                 log.warning("%s: heartbeat not sent", self.worker_id, exc_info=True)
             await asyncio.sleep(HEARTBEAT_PERIOD_S)
+
+    async def _refresh_records_forever(self) -> None:
+        """Re-assert every resident instance's registry record each RECORD_REFRESH_S. A KV put waits for JetStream's
+        acknowledgement, which takes as long as a leader election (seconds) when a NATS node is lost: it waits here,
+        apart from the heartbeats, and one instance's failure does not skip the others."""
+        while True:
+            await asyncio.sleep(RECORD_REFRESH_S)
+            for inst in list(self.residents.values()):
+                if inst.lock.locked():
+                    continue  # a command is changing it: its transitions write the record
+                try:
+                    async with inst.lock:  # no transition may slip in between reading and writing it
+                        if inst.state != ModelState.COLD:
+                            await self._put_record(inst)
+                except Exception:  # noqa: BLE001 - the next refresh may go through
+                    log.warning("%s: registry record of %s not refreshed", self.worker_id, inst.instance_id,
+                                exc_info=True)
 
     def health_detail(self) -> dict[str, str]:
         return {"worker_id": self.worker_id,

@@ -45,3 +45,12 @@ def test_nats_has_jetstream_and_workers_scale():
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "libibverbs1" in dockerfile and '".[cpu]"' in dockerfile
     assert (REPO / "deploy" / "cluster.docker.yaml").exists()
+
+
+def test_the_gateway_healthcheck_probes_readiness():
+    """A container runtime or load balancer must route by /ready (503 without NATS or dispatchers), not /health."""
+    services = _compose()["services"]
+    probe = " ".join(services["gateway"]["healthcheck"]["test"])
+    assert "/ready" in probe and "/health" not in probe
+    assert services["nats"]["healthcheck"]["test"]
+    assert services["dispatcher"]["depends_on"]["nats"]["condition"] == "service_healthy"

@@ -36,3 +36,21 @@ def test_know_does_not_reset_a_peer_already_heard():
     assert live.last_heard_s("w1") == 0.0 and live.last_heard_s("w2") == 0.9
     live.forget("w1")
     assert live.last_heard_s("w1") is None
+
+
+def test_time_without_a_connection_is_not_the_peers_silence():
+    """A dispatcher whose NATS node died hears nobody while it reconnects: nobody is declared dead for that."""
+    live = PeerLiveness(timeout_s=2.0, check_period_s=0.25)
+    live.heard("w1", 0.0)
+    assert live.check(0.25) == {}
+    t = 0.25
+    while t < 5.0:  # 4.75 s disconnected, watchdog ticking on time
+        t += 0.25
+        assert live.check(t, is_listening=False) == {}
+    assert live.silent_for_s("w1", t) == 0.25  # its clock stood still
+    # connected again: the peer has the rest of its timeout to be heard
+    reported_at = None
+    while reported_at is None:
+        t += 0.25
+        reported_at = t if live.check(t) else None
+    assert reported_at == 5.0 + 1.75
