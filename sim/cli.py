@@ -63,6 +63,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"{trace.duration_s:.0f} s of trace on {args.devices} x {args.device}; systems: "
                   f"{', '.join(systems)}")
     start = time.perf_counter()
+    profiles = None
+    from .runner import uses_learned_oracle
+
+    if any(uses_learned_oracle(s) for s in systems):  # before the systems start, so each reads the cache
+        from .oracle_training import ensure_profiles
+
+        profiles = ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=args.processes,
+                                   say=console.print)
+        fresh = {k: v for k, v in profiles.items() if not v["cached"]}
+        console.print(f"learned oracle: {len(profiles)} kinds of instance profiled on the simulated device "
+                      f"({sum(v['points'] for v in profiles.values())} grid points, at most "
+                      f"{sum(v['device_s'] for v in profiles.values()) / 3600:.1f} device-hours); "
+                      + (f"{len(fresh)} profiled now in {time.perf_counter() - start:.0f} s" if fresh
+                         else "all from the cache"))
     plain_log = not console.is_terminal  # no live bar without a terminal: a line per 10 % instead
     logged: dict[str, int] = {}
 
@@ -91,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_tables(results, console)
     meta = dict(vars(args), config=str(args.config) if args.config else None, wall_s=wall_s,
-                num_requests=trace.num_requests, policy=policy)
+                num_requests=trace.num_requests, policy=policy, oracle_profiles=profiles)
     paths = write_outputs(results, Path(args.out), meta)
     console.print(f"{wall_s:.0f} s in all; wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0

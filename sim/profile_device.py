@@ -73,22 +73,34 @@ class SimulatedEngine:
         self.running: list[_Seq] = []
         self.last_step: _LastStep | None = None
         self.context_tokens = 0
+        self.aborted: set[str] = set()
 
     def add_request(self, request_id: str, prompt_token_ids, sampling) -> None:
         self.waiting.append(_Seq(request_id, len(prompt_token_ids), max(1, sampling.max_tokens)))
 
     def has_unfinished(self) -> bool:
+        self._drop_aborted()
         return bool(self.waiting or self.running)
 
     def abort(self, request_id: str) -> None:
+        """Drop a request. A profile past its knee ends with tens of thousands unfinished, aborted one by one: the
+        queues are filtered once, at the next step or check, not scanned per abort."""
+        self.aborted.add(request_id)
+
+    def _drop_aborted(self) -> None:
+        if not self.aborted:
+            return
         for queue in (self.waiting, self.running):
-            for seq in list(queue):
-                if seq.request_id == request_id:
-                    queue.remove(seq)
-                    if seq.is_reserved:
-                        self.kv_used_tokens -= seq.prompt_len + seq.max_tokens
+            kept = [seq for seq in queue if seq.request_id not in self.aborted]
+            for seq in queue:
+                if seq.request_id in self.aborted and seq.is_reserved:
+                    self.kv_used_tokens -= seq.prompt_len + seq.max_tokens
+            queue.clear()
+            queue.extend(kept)
+        self.aborted.clear()
 
     def step(self) -> list[_Output]:
+        self._drop_aborted()
         batch = len(self.running)
         budget = self.max_num_batched_tokens - batch
         chunk: list[tuple[_Seq, int]] = []

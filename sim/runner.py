@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -26,7 +27,8 @@ def janus_policies(policy: dict | None = None) -> tuple:
     return PlannerPolicy(**policy.get("planner", {})), DispatchPolicy(**policy.get("dispatcher", {}))
 
 
-def _systems(policy: dict | None = None) -> dict[str, Callable[[], ControlPlane]]:
+def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle") \
+        -> dict[str, Callable[[], ControlPlane]]:
     from .systems.baselines import BlitzScaleLike, PrismLike
     from .systems.janus import JanusControl
     from .systems.static import StaticPartition
@@ -34,20 +36,32 @@ def _systems(policy: dict | None = None) -> dict[str, Callable[[], ControlPlane]
     planner, dispatch = janus_policies(policy)
     no_resume = planner.model_copy(update={"reconciler": planner.reconciler.model_copy(
         update={"resumes_draining": False})})
+    def janus(mode: str, name: str | None = None, oracle: str = "clairvoyant", planner_policy=planner):
+        return lambda: JanusControl(mode, planner_policy, dispatch, name=name, oracle=oracle,
+                                    oracle_cache_dir=oracle_cache_dir)
+
     return {
-        "janus": lambda: JanusControl("both", planner, dispatch),
+        "janus": janus("both"),
         "static": lambda: StaticPartition(),
         "prism-like": lambda: PrismLike(),
         "blitzscale-like": lambda: BlitzScaleLike(),
-        "steady-only": lambda: JanusControl("steady_only", planner, dispatch),
-        "elastic-only": lambda: JanusControl("elastic_only", planner, dispatch),
-        "janus-no-resume": lambda: JanusControl("both", no_resume, dispatch, name="janus-no-resume"),
+        "steady-only": janus("steady_only"),
+        "elastic-only": janus("elastic_only"),
+        "janus-no-resume": janus("both", "janus-no-resume", planner_policy=no_resume),
+        "janus-learned": janus("both", "janus-learned", oracle="learned"),
+        "janus-roofline": janus("both", "janus-roofline", oracle="roofline"),
     }
+
+
+def uses_learned_oracle(system: str) -> bool:
+    """Whether `system` needs the profiles of the simulated device (ensure_profiles, before the workers start)."""
+    factory = _systems().get(system)
+    return factory is not None and getattr(factory(), "oracle_kind", None) == "learned"
 
 
 SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
 # Not in the default run: experiments one can name with --systems (docs/sim.md).
-EXTRA_SYSTEM_NAMES = ("janus-no-resume",)
+EXTRA_SYSTEM_NAMES = ("janus-no-resume", "janus-learned", "janus-roofline")
 
 # Relative CPU time of each system on the headline run (run 15, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long
@@ -77,6 +91,7 @@ class ScenarioSpec:
     seed: int = 0
     policy: dict | None = None  # Janus's policies as `janus config` prints them (None: the live defaults)
     device_effects: str = "off"  # "on": the devices do what a roofline leaves out (sim/device_effects.py)
+    oracle_cache_dir: str = "artifacts/sim-oracle"  # profiles of the simulated device (sim/oracle_training.py)
 
     def build_trace(self) -> Trace:
         if self.trace == "servegen":
@@ -125,7 +140,7 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
-    control = _systems(spec.policy)[system]()
+    control = _systems(spec.policy, spec.oracle_cache_dir)[system]()
     run = SystemRun(scenario, control)
     n = scenario.trace.num_requests
     cpu0 = time.process_time()
@@ -167,6 +182,10 @@ def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: 
         raise ValueError(f"unknown systems {unknown}; known: {sorted(_systems())}")
     if len(set(systems)) != len(systems):
         raise ValueError(f"a system is listed twice: {systems}")
+    if any(uses_learned_oracle(s) for s in systems):  # profiled once here, not in each worker
+        from .oracle_training import ensure_profiles
+
+        ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=processes)
     if processes <= 1:
         return [_worker((spec, s, bin_s, None)) if on_progress is None else run_one(spec, s, bin_s, on_progress)
                 for s in systems]

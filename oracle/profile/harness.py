@@ -68,12 +68,19 @@ class HarnessSettings:
     # fractions of. None: the weights + kv_cache_bytes. `janus profile` sets the cluster's worker page pool, the
     # device the oracle service's roofline assumes for a CPU worker, so profiled and roofline needs share a unit.
     hbm_bytes: int | None = None
+    # A point's arrivals span less than duration_s when it would otherwise send more requests than this (None: no
+    # cap): far past the knee a point costs as much as its requests and says no more than a shorter one. Needed
+    # where the target is fast (simulated devices: sim/oracle_training.py); never reached on this CPU.
+    max_requests_per_point: int | None = None
+    min_duration_s: float = 1.0  # the shortest a capped point's arrivals span
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
             raise ValueError("HarnessSettings: positive duration and SLOs, non-negative drain")
         if self.step_cost_rounds < 1:
             raise ValueError("HarnessSettings.step_cost_rounds must be >= 1")
+        if self.max_requests_per_point is not None and self.max_requests_per_point < 1 or self.min_duration_s <= 0:
+            raise ValueError("HarnessSettings: max_requests_per_point >= 1 (or None), min_duration_s > 0")
         if self.hbm_bytes is not None and self.hbm_bytes <= 0:
             raise ValueError("HarnessSettings.hbm_bytes must be > 0")
         if self.clock not in CLOCKS:
@@ -298,6 +305,8 @@ class Profiler:
         s = self.settings
         if duration_s is not None:
             s = replace(s, duration_s=duration_s, drain_s=min(s.drain_s, duration_s))
+        if s.max_requests_per_point is not None and point.rate_rps * s.duration_s > s.max_requests_per_point:
+            s = replace(s, duration_s=max(s.min_duration_s, s.max_requests_per_point / point.rate_rps))
         if point.num_replicas > len(self.engines):
             raise ValueError(f"grid asks for {point.num_replicas} replicas, the profiler holds {len(self.engines)}")
         workload = synth_requests(point, s.duration_s, seed=s.seed * 100_003 + index,

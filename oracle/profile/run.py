@@ -120,10 +120,13 @@ def partial_path(out_path: str | Path) -> Path:
 def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: str | None = None,
                        plan: ProfilePlan = FULL, settings: HarnessSettings | None = None,
                        show_progress: bool = True, say: Callable[[str], None] | None = None,
-                       extra_meta: dict | None = None) -> ProfileResult:
+                       extra_meta: dict | None = None,
+                       make_profiler: Callable[[HarnessSettings, int], Profiler] | None = None) -> ProfileResult:
     """Profile the checkpoint at `model_dir` (the real engine on this CPU) and write its TrainingSet to `out_path`
     (its `model` is `model`, default the folder's name). `settings` default to the plan's. `say` gets the
-    progress notes (calibration, each knee); default: printed above the progress bar."""
+    progress notes (calibration, each knee); default: printed above the progress bar. `make_profiler(settings,
+    max_replicas)` stands in another target for the real engine (the simulator's devices: sim/oracle_training.py);
+    the knee search, the grid and the training set are this same code."""
     model_dir = Path(model_dir)
     out = Path(out_path)
     settings = settings or plan.harness_settings()
@@ -139,7 +142,8 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
         + len(plan.mixes) * sum(plan.replicas) * plan.per_cell * point_units
     with progress:
         task = progress.add_task(f"{name}: calibrating the engine", total=total)
-        profiler = Profiler(model_dir, settings, max_replicas=max(plan.replicas))
+        profiler = (make_profiler or (lambda st, n: Profiler(model_dir, st, max_replicas=n)))(
+            settings, max(plan.replicas))
         progress.advance(task, calibration_units)
         if profiler.step_cost is not None:
             c = profiler.step_cost

@@ -31,6 +31,23 @@ def make_oracle(run: SystemRun, need_rel_std: float = 0.25, attainment_std: floa
     return Oracle(profiles)
 
 
+def roofline_oracle(run: SystemRun) -> Oracle:
+    """What the live system answers from before any profile: the device's datasheet and the model's shape with
+    default efficiencies, and the live defaults' spread (`ModelProfile`)."""
+    from oracle.roofline import Efficiency, RooflineModel
+
+    profiles = {}
+    for app, spec in enumerate(run.scenario.apps):
+        datasheet = run.costs[app].roofline
+        roofline = RooflineModel(datasheet.device, datasheet.shape, tp=datasheet.tp,
+                                 efficiency=Efficiency(max_num_seqs=datasheet.efficiency.max_num_seqs))
+        profiles[spec.name] = ModelProfile(roofline, spec.ttft_slo_s * 1e3, spec.tpot_slo_s * 1e3)
+    return Oracle(profiles)
+
+
+ORACLES = ("learned", "clairvoyant", "roofline")
+
+
 def window_of(name: str, features: LoadFeatures, window_s: float, now_ms: float) -> ModelLoadWindow:
     tokens = features.input_len_mean + features.output_len_mean
     rate = features.token_rate_tps / tokens if tokens > 0 else 0.0
@@ -55,10 +72,17 @@ class JanusControl(ControlPlane):
     elastic pool)."""
 
     def __init__(self, mode: str = "both", planner_policy: PlannerPolicy | None = None,
-                 dispatch: DispatchPolicy | None = None, name: str | None = None):
+                 dispatch: DispatchPolicy | None = None, name: str | None = None, oracle: str = "clairvoyant",
+                 oracle_cache_dir: str = "artifacts/sim-oracle"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
+        if oracle not in ORACLES:
+            raise ValueError(f"unknown oracle {oracle!r}; one of {', '.join(ORACLES)}")
         self.mode = mode
+        # "learned": GPs fitted on profiles of the simulated device (sim/oracle_training.py); "clairvoyant": the
+        # roofline of the cost model that times the simulated devices; "roofline": the datasheet's, untrained
+        self.oracle_kind = oracle
+        self.oracle_cache_dir = oracle_cache_dir
         self.name = name or MODES[mode]
         self.planner_policy = ablation_policy(mode, planner_policy or PlannerPolicy())
         self._dispatch = dispatch or DispatchPolicy()
@@ -79,7 +103,7 @@ class JanusControl(ControlPlane):
         self.names = list(run.scenario.trace.app_names)
         self.index = {n: a for a, n in enumerate(self.names)}
         self.devices_per_instance = {n: run.costs[a].tp for a, n in enumerate(self.names)}
-        oracle = self.oracle = CachedOracle(make_oracle(run))
+        oracle = self.oracle = CachedOracle(self._make_oracle(run))
         self.steady = SteadyPlanner(oracle, p.steady, p.pool)
         self.scaler = ElasticScaler(oracle, p.elastic)
         self.reconciler = Reconciler(p.reconciler)
@@ -112,6 +136,15 @@ class JanusControl(ControlPlane):
         steady_s, elastic_s = p.steady.period_s, p.elastic.period_s
         run.sim.every(steady_s, self._steady_tick, start_s=steady_s, end_s=duration_s)
         run.sim.every(elastic_s, self._elastic_tick, start_s=elastic_s, end_s=duration_s)
+
+    def _make_oracle(self, run: SystemRun) -> Oracle:
+        if self.oracle_kind == "learned":
+            from pathlib import Path
+
+            from ..oracle_training import learned_oracle
+
+            return learned_oracle(run.scenario, Path(self.oracle_cache_dir))
+        return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
         self.steady.observe(window)

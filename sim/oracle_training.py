@@ -1,0 +1,179 @@
+"""The simulated Janus's oracle, learned the way a deployment learns it (issue "The oracle learns"; docs/sim.md):
+
+- For each kind of instance in the scenario (model shape, tensor-parallel degree, SLOs) the oracle's own profiling
+  code (`oracle.profile.run.profile_checkpoint`: knee search, grid, training set) runs against simulated devices
+  (sim/profile_device.py) with the scenario's device effects. The oracle sees step times, never the cost model's
+  or the effects' parameters: its roofline is the device's datasheet with efficiencies fitted to measured steps.
+- The length mixes profiled are what telemetry shows before the run: the group's apps' prompt and output lengths
+  over the trace's first minute (10th, 50th and 90th percentile of the apps' means), as an operator profiles the
+  traffic it serves.
+- The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
+
+Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
+second run of the same scenario fits only. What is not learned: interference between co-located models (profiles
+run one model per device) and online refits (the simulator has no oracle service observing windows): docs/oracle.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from oracle.core.dataset import TrainingSet
+from oracle.core.oracle import ModelProfile, Oracle
+from oracle.profile.grid import LengthMix
+from oracle.profile.harness import HarnessSettings
+from oracle.profile.run import ProfilePlan, profile_checkpoint
+
+from .profile_device import SimDeviceProfiler
+from .scenario import Scenario, window_features
+
+# The simulated profile: m up to 8 (a point's cost grows with m x the load; past 8 the GP extrapolates in log m
+# along its prior mean, which rises with m at a fixed load per replica), five loads per (mix, m) from well below to
+# well past the knee, points long enough for requests of a few hundred tokens at the TPOT SLO to finish.
+SIM_PLAN = ProfilePlan("sim", replicas=(1, 2, 4, 8), mixes=(LengthMix("placeholder", 1.0, 0.0, 1.0),),
+                       load_bands=((0.05, 0.3), (0.3, 0.65), (0.65, 1.15), (1.3, 1.8), (2.0, 3.0)),
+                       duration_s=8.0, drain_s=16.0, pilot_duration_s=4.0, pilot_max_runs=6)
+TELEMETRY_S = 60.0  # the mixes come from the first minute of traffic
+MAX_REQUESTS_PER_POINT = 20_000  # a small model's point at 3x its knee on 8 devices would send ~300k
+
+
+@dataclass(frozen=True)
+class Group:
+    """Apps served by the same kind of instance: one profile, one pair of GPs."""
+
+    shape_name: str
+    tp: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+    apps: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape_name}-tp{self.tp}"
+
+
+def groups_of(scenario: Scenario) -> list[Group]:
+    by_key: dict[tuple, list[int]] = {}
+    for app, spec in enumerate(scenario.apps):
+        by_key.setdefault((spec.shape_name, spec.tp, spec.ttft_slo_s, spec.tpot_slo_s), []).append(app)
+    return [Group(*key, apps=tuple(apps)) for key, apps in sorted(by_key.items())]
+
+
+def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...]) -> tuple[LengthMix, ...]:
+    """Three length mixes spanning what the apps sent in the first minute (percentiles of their means)."""
+    seen = [window_features(scenario.trace, app, 0.0, TELEMETRY_S) for app in apps]
+    seen = [f for f in seen if f.token_rate_tps > 0] or [window_features(scenario.trace, app, 0.0,
+                                                                          scenario.trace.duration_s) for app in apps]
+    inputs = np.array([max(f.input_len_mean, 1.0) for f in seen])
+    outputs = np.array([max(f.output_len_mean, 1.0) for f in seen])
+    cvs = np.array([np.sqrt(f.input_len_var) / max(f.input_len_mean, 1.0) for f in seen])
+    cv = float(np.clip(np.median(cvs), 0.1, 2.0))
+    mixes = {}
+    for q in (10, 50, 90):
+        mix = LengthMix(f"p{q}", round(float(np.percentile(inputs, q))), cv, round(float(np.percentile(outputs, q))))
+        mixes.setdefault((mix.input_len_mean, mix.output_len_mean), mix)
+    return tuple(mixes.values())
+
+
+def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:
+    # the device clock is the profiler's own (SimDeviceProfiler._timer); "wall" only passes the settings' checks
+    return plan.harness_settings(ttft_slo_ms=group.ttft_slo_s * 1e3, tpot_slo_ms=group.tpot_slo_s * 1e3,
+                                 clock="wall", seed=seed, max_requests_per_point=MAX_REQUESTS_PER_POINT)
+
+
+def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: Path) -> Path:
+    """Where this group's profile is kept: named by everything the profile depends on."""
+    key = json.dumps({"device": asdict(scenario.device), "efficiency": asdict(scenario.efficiency),
+                      "effects": asdict(scenario.effects), "shape": group.shape_name, "tp": group.tp,
+                      "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
+                      "max_requests_per_point": MAX_REQUESTS_PER_POINT}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / f"{group.name}-{digest}.json"
+
+
+def plan_for(scenario: Scenario, group: Group, plan: ProfilePlan = SIM_PLAN) -> ProfilePlan:
+    return replace(plan, mixes=telemetry_mixes(scenario, group.apps))
+
+
+def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
+                  say: Callable[[str], None] = lambda line: None) -> TrainingSet:
+    """The group's training set: from the cache, or profiled now on simulated devices (and cached)."""
+    plan = plan_for(scenario, group, plan)
+    path = cache_path(scenario, group, plan, Path(cache_dir))
+    if path.exists():
+        return TrainingSet.load(path)
+    cost = scenario.cost(group.apps[0])
+    effects = replace(scenario.effects, seed=scenario.effects.seed + 7919)  # its own draws, not the run's
+    result = profile_checkpoint(
+        Path(group.name), path, model=group.name, plan=plan, settings=_settings(group, plan, scenario.effects.seed),
+        show_progress=False, say=say, extra_meta={"target": "simulated device", "apps": list(group.apps)},
+        make_profiler=lambda settings, n: SimDeviceProfiler(group.name, cost, effects, settings, max_replicas=n))
+    return result.training_set
+
+
+def ensure_profiles(scenario: Scenario, cache_dir: Path, processes: int = 2,
+                    say: Callable[[str], None] = print) -> dict[str, dict]:
+    """Profile every group not cached yet (`processes` at a time); returns per group what the report shows:
+    points, the profile's own time (when it ran), whether it came from the cache."""
+    groups = groups_of(scenario)
+    todo = [g for g in groups if not cache_path(scenario, g, plan_for(scenario, g), Path(cache_dir)).exists()]
+    if todo:
+        say(f"profiling {len(todo)} kinds of instance on the simulated device ({', '.join(g.name for g in todo)})")
+        if processes > 1 and len(todo) > 1:
+            import multiprocessing as mp
+
+            with mp.get_context("fork").Pool(min(processes, len(todo)), maxtasksperchild=1) as pool:
+                for name, elapsed_s in pool.imap_unordered(_profile_one, [(scenario, g, str(cache_dir)) for g in todo]):
+                    say(f"{name}: profiled in {elapsed_s:.0f} s")
+        else:
+            for g in todo:
+                say(f"{_profile_one((scenario, g, str(cache_dir)))[0]}: profiled")
+    return {g.name: profile_report(profile_group(scenario, g, Path(cache_dir)), was_cached=g not in todo)
+            for g in groups}
+
+
+def _profile_one(args: tuple) -> tuple[str, float]:
+    scenario, group, cache_dir = args
+    started = time.perf_counter()
+    profile_group(scenario, group, Path(cache_dir))
+    return group.name, time.perf_counter() - started
+
+
+def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
+    points = training_set.meta.get("points", [])
+    pilots = training_set.meta.get("pilots", [])
+    plan = training_set.meta.get("plan", {})
+    # device time at most (a point capped at MAX_REQUESTS_PER_POINT runs shorter)
+    per_point_s = plan.get("duration_s", 0.0) + plan.get("drain_s", 0.0)
+    pilot_s = plan.get("pilot_duration_s", 0.0) + min(plan.get("drain_s", 0.0), plan.get("pilot_duration_s", 0.0))
+    device_s = sum(p["num_replicas"] * per_point_s for p in points) + len(pilots) * pilot_s
+    return {"points": len(training_set.elasticity), "elapsed_s": training_set.meta.get("elapsed_s"),
+            "device_s": round(device_s, 1), "cached": was_cached,
+            "capacities_rps": training_set.meta.get("capacities_rps", {})}
+
+
+def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN) -> Oracle:
+    """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
+    fitted efficiencies) as the fallback and the group's two GPs."""
+    from oracle.gp.train import fit_capacity, fit_elasticity
+    from oracle.roofline import Efficiency, RooflineModel
+
+    oracle = Oracle()
+    for group in groups_of(scenario):
+        training_set = profile_group(scenario, group, cache_dir, plan)
+        cost = scenario.cost(group.apps[0])
+        fitted = Efficiency(**{**training_set.meta["efficiency"]})
+        roofline = RooflineModel(cost.roofline.device, cost.roofline.shape, tp=group.tp, efficiency=fitted)
+        capacity = fit_capacity(training_set.capacity, oracle.policy)
+        elasticity = fit_elasticity(training_set.elasticity, oracle.policy)
+        for app in group.apps:
+            name = scenario.apps[app].name
+            oracle.register(name, ModelProfile(roofline, group.ttft_slo_s * 1e3, group.tpot_slo_s * 1e3))
+            oracle.install(name, capacity=capacity, elasticity=elasticity)
+    return oracle

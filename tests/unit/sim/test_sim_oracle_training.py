@@ -1,0 +1,77 @@
+"""The simulated Janus learns its oracle as a deployment would: the oracle's profiling code against simulated
+devices with effects the oracle does not know, GPs fitted on what it measured (sim/oracle_training.py)."""
+from dataclasses import replace
+
+import pytest
+
+from contracts import ElasticityItem, ElasticityQuery
+from sim.device_effects import DeviceEffects
+from sim.oracle_training import SIM_PLAN, cache_path, groups_of, learned_oracle, plan_for, profile_group
+from sim.scenario import build_scenario
+from sim.servegen import servegen_trace
+
+pytestmark = pytest.mark.slow  # profiles two kinds of instance on simulated devices and fits four GPs
+
+SMALL_PLAN = replace(SIM_PLAN, replicas=(1, 2), load_bands=((0.1, 0.3), (0.8, 1.2), (2.0, 3.0)), duration_s=4.0,
+                     drain_s=8.0, pilot_duration_s=2.0, pilot_max_runs=4)
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    trace = servegen_trace(num_apps=4, duration_s=120.0, num_requests=2_000, seed=3)
+    return build_scenario(trace, num_devices=16, tiers=((1.0, ("qwen2-7b", "qwen2.5-32b")),),
+                          effects=DeviceEffects(seed=3))
+
+
+def test_groups_are_kinds_of_instance_and_mixes_come_from_the_first_minute(scenario):
+    groups = groups_of(scenario)
+    assert sorted(a for g in groups for a in g.apps) == list(range(4))
+    assert len({(g.shape_name, g.tp) for g in groups}) == len(groups)
+    for g in groups:
+        mixes = plan_for(scenario, g, SMALL_PLAN).mixes
+        assert 1 <= len(mixes) <= 3 and all(m.input_len_mean >= 1 and m.output_len_mean >= 1 for m in mixes)
+        assert [m.input_len_mean for m in mixes] == sorted(m.input_len_mean for m in mixes)
+
+
+def test_profiles_are_cached_by_what_they_depend_on(scenario, tmp_path):
+    group = groups_of(scenario)[0]
+    plan = plan_for(scenario, group, SMALL_PLAN)
+    first = profile_group(scenario, group, tmp_path, SMALL_PLAN)
+    path = cache_path(scenario, group, plan, tmp_path)
+    assert path.exists() and first.model == group.name
+    assert len(first.elasticity) == len(plan.mixes) * len(plan.replicas) * len(plan.load_bands)
+    assert profile_group(scenario, group, tmp_path, SMALL_PLAN).elasticity == first.elasticity  # from the cache
+    other = replace(scenario, effects=DeviceEffects(seed=3, small_batch_penalty=0.5))
+    assert cache_path(other, group, plan, tmp_path) != path  # other devices: another profile
+
+
+def test_the_learned_oracle_answers_from_gps_that_follow_the_load(scenario, tmp_path):
+    oracle = learned_oracle(scenario, tmp_path, SMALL_PLAN)
+    app = scenario.apps[0].name
+    group = next(g for g in groups_of(scenario) if 0 in g.apps)
+    ts = profile_group(scenario, group, tmp_path, SMALL_PLAN)
+    knee = max(ts.meta["capacities_rps"].values())
+    mix = plan_for(scenario, group, SMALL_PLAN).mixes[0]
+    from oracle.profile.grid import GridPoint
+
+    light, heavy = GridPoint(0.2 * knee, mix, 1).features, GridPoint(3.0 * knee, mix, 1).features
+    reply = oracle.elasticity(ElasticityQuery(items=(ElasticityItem(model=app, features=light, replicas=(1, 4)),
+                                                     ElasticityItem(model=app, features=heavy, replicas=(1, 4)))))
+    (light_1, light_4), (heavy_1, heavy_4) = (p.attainment_mean for p in reply.predictions)
+    assert all(p.source == "gp" for p in reply.predictions)
+    assert light_1 > heavy_1 + 0.2  # attainment falls with the load
+    assert heavy_4 > heavy_1  # and comes back with replicas
+    # its roofline is the datasheet with fitted efficiencies, not the simulated device's cost model
+    assert oracle._profiles[app].roofline.efficiency != scenario.cost(0).roofline.efficiency
+
+
+def test_three_oracles_side_by_side_and_a_clear_error_for_another():
+    from sim.runner import EXTRA_SYSTEM_NAMES, _systems, uses_learned_oracle
+    from sim.systems.janus import JanusControl
+
+    assert {"janus-learned", "janus-roofline"} <= set(EXTRA_SYSTEM_NAMES)
+    kinds = {name: _systems()[name]().oracle_kind for name in ("janus", "janus-learned", "janus-roofline")}
+    assert kinds == {"janus": "clairvoyant", "janus-learned": "learned", "janus-roofline": "roofline"}
+    assert uses_learned_oracle("janus-learned") and not uses_learned_oracle("static")
+    with pytest.raises(ValueError, match="unknown oracle"):
+        JanusControl("both", oracle="psychic")
