@@ -50,6 +50,8 @@ WORKER_TIMEOUT_S = 2.0
 # until an instance has measured its prefill speed, assume this (tokens/s); the heartbeat corrects it
 DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
 HEARTBEAT_PERIOD_S = 0.5
+# how often a held assignment checks whether its worker was heard since our reconnect (heartbeats come every 0.5 s)
+DEFERRED_ASSIGN_POLL_S = 0.02
 # the timer wakes at least this often (sooner when the core asks for it)
 TIMER_PERIOD_S = 0.25
 # streaming requests older than the gateway's timeout are forgotten this often (nothing else reports their end)
@@ -76,6 +78,9 @@ class DispatcherService(Service):
         self._records: dict[str, InstanceRecord] = {}
         self._workers = PeerLiveness(timeout_s=WORKER_TIMEOUT_S, check_period_s=TIMER_PERIOD_S)
         self._dead_workers: set[str] = set()
+        # the NATS connection (_connection_number) on which each worker was last heard: see _publish_when_heard
+        self._heard_on_connection: dict[str, int] = {}
+        self._deferred: set[asyncio.Task] = set()
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._watcher = None
@@ -100,7 +105,7 @@ class DispatcherService(Service):
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
-        await cancel_and_wait(*self._tasks, what="dispatcher")
+        await cancel_and_wait(*self._tasks, *self._deferred, what="dispatcher")
 
     # --- inputs ---
     async def _on_request(self, req: GenerateRequest, env: Envelope) -> SubmitAck:
@@ -144,6 +149,7 @@ class DispatcherService(Service):
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self._workers.heard(hb.worker_id, time.monotonic())
+        self._heard_on_connection[hb.worker_id] = self._connection_number()
         if hb.worker_id in self._dead_workers:
             # back from the dead (a partition or a NATS restart): the heartbeat is fresher evidence than the
             # registry record, and a record newer than the loss is what lifts the core's ban on the instance
@@ -273,9 +279,39 @@ class DispatcherService(Service):
         with self._tracer.start_as_current_span("dispatcher assign", context=ctx, kind=SpanKind.PRODUCER) as span:
             span.set_attribute("janus.instance_id", a.instance_id)
             span.set_attribute("janus.predicted_prefill_ms", a.predicted_prefill_ms)
-            await self.bus.publish(subjects.worker_run(a.worker_id), run)
+            if self._is_heard_since_reconnect(a.worker_id):
+                await self.bus.publish(subjects.worker_run(a.worker_id), run)
+            else:
+                task = asyncio.create_task(self._publish_when_heard(a.worker_id, run))
+                self._deferred.add(task)
+                task.add_done_callback(self._deferred.discard)
         self.num_assigned += 1
         ASSIGNED.labels(a.model, str(a.is_late).lower()).inc()
+
+    def _connection_number(self) -> int:
+        """Counts our reconnects; nats-py counts one as soon as the server accepted CONNECT, before replaying our
+        subscriptions, so no message can reach us on a new connection while this still names the old one."""
+        return self.bus.nc.stats["reconnects"]
+
+    def _is_heard_since_reconnect(self, worker_id: str) -> bool:
+        if not self.bus.nc.is_connected:
+            return False  # published now it would wait in the client's buffer and race the worker's reconnect
+        heard_on = self._heard_on_connection.get(worker_id)
+        return heard_on is None or heard_on >= self._connection_number()  # None: known from the registry only
+
+    async def _publish_when_heard(self, worker_id: str, run: RunAssignment) -> None:
+        """Right after our own reconnect (a NATS restart, our node lost) a worker's subscriptions may not be back on
+        the server yet: its reconnect races ours by milliseconds, and core NATS drops a message nobody is subscribed
+        to, silently. Such a lost assignment stayed outstanding in our ledger while its client waited for good, so
+        hold it until the worker is heard on our new connection (its heartbeat then went out after its
+        subscriptions were restored), or WORKER_TIMEOUT_S, when the watchdog decides about the worker anyway."""
+        deadline_s = time.monotonic() + WORKER_TIMEOUT_S
+        while not self._is_heard_since_reconnect(worker_id) and time.monotonic() < deadline_s:
+            await asyncio.sleep(DEFERRED_ASSIGN_POLL_S)
+        try:
+            await self.bus.publish(subjects.worker_run(worker_id), run)
+        except Exception:  # noqa: BLE001 - as if lost: the worker's death or the gateway's timeout ends the request
+            log.warning("assignment of %s to %s not sent", run.request.request_id, worker_id, exc_info=True)
 
     async def _reject(self, r: Reject) -> None:
         req = self._requests.pop(r.request_id, None)
