@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", type=float, default=1.0, help="public traces: time compression factor")
     p.add_argument("--window-s", type=float, default=None, help="replay only the first WINDOW_S seconds")
     p.add_argument("--device", default="ascend-910c-die", choices=["ascend-910c-die", "nvidia-h200"])
-    p.add_argument("--devices", type=int, default=768, help="fleet size")
+    p.add_argument("--devices", type=int, default=None, help="fleet size (default 768; --experiment ablation: the "
+                   "static partition's size)")
     p.add_argument("--mix", default="default", choices=["default", "light", "heavy", "full-range"],
                    help="which models the apps run (by traffic rank; see sim/scenario.py)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES), help="comma-separated, from: " +
@@ -32,6 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
     p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")
     p.add_argument("--out", default="artifacts/sim", help="folder for summary.json and figure.png")
+    e = p.add_argument_group("experiments (issue 24, sim/experiments/ablation.py, docs/sim.md)")
+    e.add_argument("--experiment", choices=["headline", "ablation", "budget-sweep"], default="headline",
+                   help="ablation: five apps, a load shock, both pools vs one; budget-sweep: --budgets")
+    e.add_argument("--shock-app", type=int, default=1, help="ablation: which of the five apps is shocked")
+    e.add_argument("--shock-factor", type=float, default=20.0, help="ablation: its rate times this")
+    e.add_argument("--shock-at-s", type=float, default=60.0, help="ablation: from this second on")
+    e.add_argument("--budgets", default="8,12,16,24,32", help="budget-sweep: comma-separated device counts")
+    e.add_argument("--sweep-on", choices=["headline", "ablation"], default="headline",
+                   help="budget-sweep: the ServeGen trace of the other flags, or the five-app scenario")
+    e.add_argument("--figure", default=None, help="experiments: where the plot goes (default: under --out)")
     return p
 
 
@@ -51,8 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     from .report import print_tables, write_outputs
 
     args = build_parser().parse_args(argv)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     policy = run_policy(args.config)
+    if args.experiment != "headline":
+        from .experiments.ablation import main as experiment
+
+        if args.systems == ",".join(SYSTEM_NAMES):  # not given: the experiment's own four
+            args.systems = None
+        if args.duration_s == build_parser().get_default("duration_s"):
+            args.duration_s = None
+        return experiment(args, Console() if Console().is_terminal else Console(width=170), policy)
+    args.devices = args.devices or 768
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
                         duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
                         device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy,

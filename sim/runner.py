@@ -133,10 +133,15 @@ class SystemResult:
     device_time_s: list = field(default_factory=list)
     device_counts: list = field(default_factory=list)
     apps: list = field(default_factory=list)  # per app: AppReport (the worst-apps table)
+    extra: dict = field(default_factory=dict)  # what an experiment's `extra` hook took from the run (run_one)
 
 
 def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
-            progress: Callable[[str, int, int], None] | None = None) -> SystemResult:
+            progress: Callable[[str, int, int], None] | None = None,
+            extra: Callable | None = None) -> SystemResult:
+    """One system on `spec`'s scenario. `extra(scenario, run_result) -> dict`, a module-level function (it crosses
+    to the worker process): what an experiment needs beyond the summary (say, one app's attainment per second),
+    computed where the outcomes are and returned in `SystemResult.extra`."""
     from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
@@ -152,16 +157,18 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     models = [f"{a.shape_name} tp{a.tp}" for a in scenario.apps]
     apps = app_reports(trace.app_names, models, trace.requests_per_app(), per_app, result.rejections)
     return SystemResult(system, result.summary, series, per_app, result.wall_s, cpu_s, result.counters,
-                        list(result.devices.time_s), list(result.devices.count), apps)
+                        list(result.devices.time_s), list(result.devices.count), apps,
+                        extra(scenario, result) if extra is not None else {})
 
 
 def _worker(args):
     """One system in a worker process; an exception becomes the result (the other systems still report)."""
     import traceback
 
-    spec, system, bin_s, queue = args
+    spec, system, bin_s, queue, extra = args
     try:
-        return run_one(spec, system, bin_s, (lambda s, i, n: queue.put((s, i, n))) if queue is not None else None)
+        return run_one(spec, system, bin_s, (lambda s, i, n: queue.put((s, i, n))) if queue is not None else None,
+                       extra)
     except Exception:
         return RunFailure(system, traceback.format_exc())
 
@@ -173,7 +180,8 @@ class RunFailure:
 
 
 def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: float = 10.0,
-             on_progress: Callable[[str, int, int], None] | None = None) -> list["SystemResult | RunFailure"]:
+             on_progress: Callable[[str, int, int], None] | None = None,
+             extra: Callable | None = None) -> list["SystemResult | RunFailure"]:
     """Every system on the same scenario; `processes` at a time, the longest first (fork: children share the
     parent's imports, and a fresh child per system keeps one system's memory from the next). Results come back in
     the order of `systems`; a system that raised comes back as a RunFailure with its traceback."""
@@ -187,14 +195,14 @@ def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: 
 
         ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=processes)
     if processes <= 1:
-        return [_worker((spec, s, bin_s, None)) if on_progress is None else run_one(spec, s, bin_s, on_progress)
-                for s in systems]
+        return [_worker((spec, s, bin_s, None, extra)) if on_progress is None
+                else run_one(spec, s, bin_s, on_progress, extra) for s in systems]
     ctx = mp.get_context("fork")
     manager = ctx.Manager()
     queue = manager.Queue()
     start_order = longest_first(systems)
     with ctx.Pool(processes=min(processes, len(systems)), maxtasksperchild=1) as pool:
-        pending = pool.map_async(_worker, [(spec, s, bin_s, queue) for s in start_order], chunksize=1)
+        pending = pool.map_async(_worker, [(spec, s, bin_s, queue, extra) for s in start_order], chunksize=1)
         while not pending.ready():
             pending.wait(0.2)
             while not queue.empty():

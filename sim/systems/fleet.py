@@ -334,6 +334,10 @@ class SimFleet:
         if everyone:
             self.rec.observe_alive(now_ms, self._heartbeats)
 
+    def report_all(self, now_s: float) -> None:
+        """Every worker's heartbeat now (at start: the planners see the fleet before their first plan)."""
+        self._report(now_s, everyone=True)
+
     def _beat(self, now_s: float) -> None:
         """The periodic heartbeat, every worker's: also the backlog counts, which change without a lifecycle
         event."""

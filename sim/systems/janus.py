@@ -127,7 +127,9 @@ class JanusControl(ControlPlane):
         for app, f in enumerate(initial_features(run.scenario)):
             self.on_load(0.0, window_of(self.names[app], f, 30.0, 0.0))
         # At t = 0 the system has been running: its placement is there and ready. Two agreeing elastic plans get
-        # past the debounce.
+        # past the debounce. The live planner makes its first steady plan once the workers' heartbeats are in
+        # (`startup_delay_s`): so here, else the startup plan sees no device and sends every model elastic.
+        self.fleet.report_all(0.0)
         self.fleet.settle(0.0, self._steady_tick(0.0, trigger="startup", deliver=False))
         self.fleet.settle(0.0, self.reconciler.on_tick(0.0))
         self._plan_elastic(0.0)
