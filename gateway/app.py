@@ -211,8 +211,8 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         with backend.start_request_span("gateway completions"):
             # tokenising a large prompt takes a while: off the event loop, which serves every other request
             req = await asyncio.to_thread(admit_completion, body, model, _envelope(backend, tenant))
-            return await _admitted(backend, request, model, req, "completion", body.stream, _usage_wanted(body),
-                                   bool(body.logprobs))
+            return _naming_ignored(body, req, await _admitted(
+                backend, request, model, req, "completion", body.stream, _usage_wanted(body), bool(body.logprobs)))
 
     @app.post("/v1/chat/completions", responses=API_ERRORS)
     async def chat(body: ChatBody, request: Request):
@@ -220,14 +220,30 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
             req = await asyncio.to_thread(admit_chat, body, model, _envelope(backend, tenant))
-            return await _admitted(backend, request, model, req, "chat", body.stream, _usage_wanted(body),
-                                   body.logprobs)
+            return _naming_ignored(body, req, await _admitted(
+                backend, request, model, req, "chat", body.stream, _usage_wanted(body), body.logprobs))
 
     return app
 
 
-def _usage_wanted(body: CompletionBody | ChatBody) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
+def _usage_wanted(body: CompletionBody | ChatBody) -> str | None:
+    """None, "final" (a usage chunk before [DONE]) or "continuous" (usage in every chunk too, vLLM's extension)."""
+    options = body.stream_options
+    if options is None or not (options.include_usage or options.continuous_usage_stats):
+        return None
+    return "continuous" if options.continuous_usage_stats else "final"
+
+
+IGNORED_FIELDS_HEADER = "x-janus-ignored-fields"
+
+
+def _naming_ignored(body: CompletionBody | ChatBody, req: GenerateRequest, response):
+    """Say which fields of the body were ignored (unknown to the gateway): in a header and the log."""
+    ignored = body.ignored_fields()
+    if ignored:
+        response.headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)
+        log.info("request %s: ignored unknown fields %s", req.request_id, ", ".join(ignored))
+    return response
 
 
 def _envelope(backend: Backend, tenant: str) -> Envelope:
@@ -237,7 +253,7 @@ def _envelope(backend: Backend, tenant: str) -> Envelope:
 
 
 async def _admitted(backend: Backend, request: Request, model: ServedModel, req: GenerateRequest, kind: str,
-                    stream: bool, include_usage: bool, want_logprobs: bool):
+                    stream: bool, include_usage: str | None, want_logprobs: bool):
     """Hold a tenant slot (rate and concurrency) for as long as the request runs, streams included. A refusal
     (429) or a failure before the first byte that means "not now" (503) tells the client when to come back
     (Retry-After: docs/operations.md)."""
@@ -257,7 +273,7 @@ async def _admitted(backend: Backend, request: Request, model: ServedModel, req:
 
 
 async def _respond(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
-                   include_usage: bool, want_logprobs: bool, releases: list):
+                   include_usage: str | None, want_logprobs: bool, releases: list):
     completion = Completion(request_id=req.request_id, model=req.model, created_s=int(time.time()), kind=kind,
                             num_prompt_tokens=req.num_prompt_tokens)
     events = backend.submit(req)
@@ -308,7 +324,7 @@ async def _collect(events: AsyncIterator[Event], completion: Completion) -> None
             raise ApiError.from_info(ev.error)
 
 
-async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: bool,
+async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: str | None,
                   want_logprobs: bool, on_end) -> AsyncIterator[bytes]:
     is_first = True
     # a token that ends inside a multi-byte character has no text yet: its chunk is held back, and its logprob
@@ -319,6 +335,9 @@ async def _stream(first: Event, events: AsyncIterator[Event], completion: Comple
         yield first
         async for ev in events:
             yield ev
+
+    def with_usage(chunk: dict) -> dict:
+        return {**chunk, "usage": completion.usage()} if include_usage == "continuous" else chunk
 
     def take_held(extra: tuple[float, ...] | None = None) -> list[float] | None:
         if not want_logprobs:
@@ -332,13 +351,15 @@ async def _stream(first: Event, events: AsyncIterator[Event], completion: Comple
             if isinstance(ev, TokenChunk):
                 _apply(completion, ev)
                 if ev.text or is_first:
-                    yield _sse(chunk_body(completion, ev.text, is_first=is_first, logprobs=take_held(ev.logprobs)))
+                    yield _sse(with_usage(chunk_body(completion, ev.text, is_first=is_first,
+                                                     logprobs=take_held(ev.logprobs))))
                     is_first = False
                 elif want_logprobs and ev.logprobs:
                     held_logprobs.extend(ev.logprobs)
             elif isinstance(ev, RequestDone):
                 completion.finish_reason = ev.finish_reason
-                yield _sse(chunk_body(completion, "", ev.finish_reason, is_first=is_first, logprobs=take_held()))
+                yield _sse(with_usage(chunk_body(completion, "", ev.finish_reason, is_first=is_first,
+                                                 logprobs=take_held())))
                 if include_usage:
                     yield _sse(usage_chunk(completion))
                 yield _sse("[DONE]")

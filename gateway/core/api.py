@@ -1,5 +1,8 @@
-"""The OpenAI request bodies the gateway accepts. Unknown fields are refused (as OpenAI does), so a typo is an
-error and not a silently ignored knob."""
+"""The OpenAI request bodies the gateway accepts. A field the gateway does not know is accepted and ignored, as vLLM
+does (clients such as guidellm always send some of vLLM's extensions), and named in the response's
+`x-janus-ignored-fields` header and the gateway's log, so a typo is visible without failing the request. A field it
+knows but does not support (`n` > 1, penalties, `echo`) is refused with a 400 naming it. Inside a message, fields
+stay strict: a message the gateway cannot read in full (tool calls) is refused rather than half-read."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -26,11 +29,25 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class StreamOptions(_Body):
+class _Tolerant(BaseModel):
+    """A request body, or its stream_options: unknown fields are kept aside (`model_extra`) and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def ignored_fields(self, prefix: str = "") -> list[str]:
+        names = [prefix + name for name in (self.model_extra or {})]
+        for name, value in self:
+            if isinstance(value, _Tolerant):
+                names += value.ignored_fields(f"{prefix}{name}.")
+        return sorted(names)
+
+
+class StreamOptions(_Tolerant):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(default=False, description="vLLM: usage in every chunk")
 
 
-class _Common(_Body):
+class _Common(_Tolerant):
     model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -81,7 +81,7 @@ def test_out_of_vocabulary_ids_and_empty_prompts_are_refused(model):
     {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2},
     {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 5},
     {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]},
-    {"model": "m", "messages": [{"role": "user", "content": "x"}], "unknown_knob": 1},
+    {"model": "m", "messages": [{"role": "user", "content": "x", "unknown_knob": 1}]},  # inside a message: strict
     {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
     {"messages": [{"role": "user", "content": "x"}]},  # missing model
 ])
