@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Callable, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -262,7 +262,8 @@ async def _admitted(backend: Backend, request: Request, model: ServedModel, req:
         raise ApiError(ErrorCode.RATE_LIMITED, refusal, retry_after_s=backend.limiter.retry_after_s(req.tenant))
     releases = [lambda: backend.limiter.release(req.tenant)]
     try:
-        return await _respond(backend, request, req, kind, stream, include_usage, want_logprobs, releases)
+        pieces = _token_pieces(model) if want_logprobs else None
+        return await _respond(backend, request, req, kind, stream, include_usage, pieces, releases)
     except ApiError as exc:
         if exc.retry_after_s is None:
             exc.retry_after_s = retry_after_for_model(model.ttft_slo_ms)
@@ -272,15 +273,27 @@ async def _admitted(backend: Backend, request: Request, model: ServedModel, req:
             release()
 
 
+TokenPieces = Callable[[int], tuple[str, bytes]]  # a token id -> its text and bytes (logprobs name each token)
+
+
+def _token_pieces(model: ServedModel) -> TokenPieces:
+    piece = getattr(model.tokenizer, "token_piece", None)
+    return piece if piece is not None else (lambda token_id: ("", b""))
+
+
+def _logprob_entries(pieces: TokenPieces, token_ids, logprobs) -> list:
+    return [(*pieces(t), lp) for t, lp in zip(token_ids, logprobs)]
+
+
 async def _respond(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
-                   include_usage: str | None, want_logprobs: bool, releases: list):
+                   include_usage: str | None, pieces: TokenPieces | None, releases: list):
     completion = Completion(request_id=req.request_id, model=req.model, created_s=int(time.time()), kind=kind,
                             num_prompt_tokens=req.num_prompt_tokens)
     events = backend.submit(req)
     if stream:
         first = await _first_event(events)  # errors before the first token become a plain HTTP error
         on_end = releases.pop()
-        return StreamingResponse(_stream(first, events, completion, include_usage, want_logprobs, on_end),
+        return StreamingResponse(_stream(first, events, completion, include_usage, pieces, on_end),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     collect = asyncio.ensure_future(_collect(events, completion))
     watch = asyncio.ensure_future(_wait_disconnect(request))
@@ -292,7 +305,8 @@ async def _respond(backend: Backend, request: Request, req: GenerateRequest, kin
         collect.cancel()  # the client left: closing the event stream cancels the work
         return JSONResponse(error_body(ErrorCode.CANCELLED, "client disconnected"), 499)
     collect.result()
-    return JSONResponse(final_body(completion, want_logprobs=want_logprobs))
+    entries = None if pieces is None else _logprob_entries(pieces, completion.token_ids, completion.logprobs)
+    return JSONResponse(final_body(completion, entries))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -325,11 +339,12 @@ async def _collect(events: AsyncIterator[Event], completion: Completion) -> None
 
 
 async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: str | None,
-                  want_logprobs: bool, on_end) -> AsyncIterator[bytes]:
+                  pieces: TokenPieces | None, on_end) -> AsyncIterator[bytes]:
+    """`pieces`: the tokenizer's token texts when the request asked for logprobs (None: it did not)."""
     is_first = True
     # a token that ends inside a multi-byte character has no text yet: its chunk is held back, and its logprob
     # rides on the next chunk sent (clients count tokens by logprobs; none may be lost)
-    held_logprobs: list[float] = []
+    held: list = []
 
     async def chain() -> AsyncIterator[Event]:
         yield first
@@ -339,11 +354,11 @@ async def _stream(first: Event, events: AsyncIterator[Event], completion: Comple
     def with_usage(chunk: dict) -> dict:
         return {**chunk, "usage": completion.usage()} if include_usage == "continuous" else chunk
 
-    def take_held(extra: tuple[float, ...] | None = None) -> list[float] | None:
-        if not want_logprobs:
+    def take_held(ev: TokenChunk | None = None) -> list | None:
+        if pieces is None:
             return None
-        out = held_logprobs + list(extra or ())
-        held_logprobs.clear()
+        out = held + (_logprob_entries(pieces, ev.token_ids, ev.logprobs) if ev is not None and ev.logprobs else [])
+        held.clear()
         return out or None
 
     try:
@@ -352,10 +367,10 @@ async def _stream(first: Event, events: AsyncIterator[Event], completion: Comple
                 _apply(completion, ev)
                 if ev.text or is_first:
                     yield _sse(with_usage(chunk_body(completion, ev.text, is_first=is_first,
-                                                     logprobs=take_held(ev.logprobs))))
+                                                     logprobs=take_held(ev))))
                     is_first = False
-                elif want_logprobs and ev.logprobs:
-                    held_logprobs.extend(ev.logprobs)
+                elif pieces is not None and ev.logprobs:
+                    held.extend(_logprob_entries(pieces, ev.token_ids, ev.logprobs))
             elif isinstance(ev, RequestDone):
                 completion.finish_reason = ev.finish_reason
                 yield _sse(with_usage(chunk_body(completion, "", ev.finish_reason, is_first=is_first,

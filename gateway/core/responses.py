@@ -32,20 +32,26 @@ class Completion:
         return f"{'chatcmpl' if self.kind == 'chat' else 'cmpl'}-{self.request_id}"
 
 
-def _completion_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": None}
+TokenLogprob = tuple[str, bytes, float]  # a token's text, its bytes, its log-probability
 
 
-def _chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(tokens, logprobs)]}
+def _completion_logprobs(entries: list[TokenLogprob]) -> dict:
+    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, _, lp in entries],
+            "top_logprobs": None, "text_offset": None}
 
 
-def final_body(c: Completion, token_texts: list[str] | None = None, want_logprobs: bool = False) -> dict:
-    lp = None
-    if want_logprobs:
-        texts = token_texts or [""] * len(c.logprobs)
-        lp = _chat_logprobs(texts, c.logprobs) if c.kind == "chat" else _completion_logprobs(texts, c.logprobs)
+def _chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(raw), "top_logprobs": []}
+                        for t, raw, lp in entries]}
+
+
+def _logprobs(kind: str, entries: list[TokenLogprob]) -> dict:
+    return _chat_logprobs(entries) if kind == "chat" else _completion_logprobs(entries)
+
+
+def final_body(c: Completion, logprobs: list[TokenLogprob] | None = None) -> dict:
+    """`logprobs`: one entry per generated token when the request asked for them (None: it did not)."""
+    lp = _logprobs(c.kind, logprobs) if logprobs is not None else None
     if c.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": lp,
                   "finish_reason": c.finish_reason}
@@ -58,15 +64,13 @@ def final_body(c: Completion, token_texts: list[str] | None = None, want_logprob
 
 
 def chunk_body(c: Completion, text: str, finish_reason: str | None = None, *, is_first: bool = False,
-               logprobs: list[float] | None = None) -> dict:
+               logprobs: list[TokenLogprob] | None = None) -> dict:
+    lp = _logprobs(c.kind, logprobs) if logprobs else None
     if c.kind == "chat":
         delta: dict = {"role": "assistant", "content": text} if is_first else ({"content": text} if text else {})
-        lp = ({"content": [{"token": "", "logprob": v, "bytes": [], "top_logprobs": []} for v in logprobs]}
-              if logprobs else None)
         choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        lp = _completion_logprobs([""] * len(logprobs), logprobs) if logprobs else None
         choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": c.object_id, "object": obj, "created": c.created_s, "model": c.model, "choices": [choice]}

@@ -22,6 +22,23 @@ PLAIN_CHAT_TEMPLATE = (
 _REPLACEMENT_CHAR = "\ufffd"
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, inverted: the printable character each byte is written as -> the byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) \
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -119,6 +136,28 @@ class TextTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
+
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        """One token's own text and bytes, as OpenAI's logprobs show a token: the bytes it stands for (a byte-level
+        BPE token's mapped characters, a SentencePiece `<0xNN>` byte or `▁` space), and as text those bytes decoded,
+        or `bytes:\\xNN...` when they end inside a multi-byte character (vLLM's convention)."""
+        piece = self._tokenizer.id_to_token(int(token_id))
+        if piece is None:
+            return "", b""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            raw = bytes([int(piece[3:5], 16)])
+        elif self._is_byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            raw = bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        else:
+            raw = piece.replace("\u2581", " ").encode("utf-8")
+        try:
+            return raw.decode("utf-8"), raw
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
+
+    @property
+    def _is_byte_level(self) -> bool:
+        return type(self._tokenizer.decoder).__name__ == "ByteLevel"
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render `messages` ([{"role": ..., "content": ...}]) with the model's chat template (jinja2, sandboxed),

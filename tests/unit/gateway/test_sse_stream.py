@@ -21,7 +21,8 @@ async def _body(events, kind: str, want_logprobs: bool) -> list[dict]:
 
     completion = Completion(request_id="r", model="m", created_s=0, kind=kind, num_prompt_tokens=3)
     out = []
-    async for raw in _stream(events[0], rest(), completion, False, want_logprobs, lambda: None):
+    pieces = (lambda t: (f"t{t}", f"t{t}".encode())) if want_logprobs else None
+    async for raw in _stream(events[0], rest(), completion, None, pieces, lambda: None):
         data = raw.decode().removeprefix("data: ").strip()
         if data != "[DONE]":
             out.append(json.loads(data))
@@ -42,6 +43,13 @@ async def test_held_back_tokens_keep_their_logprobs(kind):
                for c in body]
     assert texts == ["a", "é", ""]  # nothing sent for the held-back tokens on their own
     assert lps == [[-0.1], [-0.2, -0.3], [-0.4]]  # every token's logprob arrives, in order
+    if kind == "completion":  # each logprob names its token (the tokenizer's piece), not ""
+        tokens = [c["choices"][0]["logprobs"]["tokens"] if c["choices"][0]["logprobs"] else [] for c in body]
+    else:
+        tokens = [[t["token"] for t in c["choices"][0]["logprobs"]["content"]] if c["choices"][0]["logprobs"]
+                  else [] for c in body]
+        assert body[1]["choices"][0]["logprobs"]["content"][0]["bytes"] == list(b"t2")
+    assert tokens == [["t1"], ["t2", "t3"], ["t4"]]
     assert body[-1]["choices"][0]["finish_reason"] == "length"
 
 

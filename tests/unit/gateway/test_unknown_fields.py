@@ -9,7 +9,16 @@ import json
 import pytest
 
 from gateway.app import IGNORED_FIELDS_HEADER
-from tests.unit.gateway.test_request_validation import BASE, _post, backend, served  # noqa: F401 - fixtures
+from contracts import RequestDone, TokenChunk
+from tests.unit.gateway.test_request_validation import BASE, Backend, _post, backend, served  # noqa: F401 - fixtures
+
+
+class WithLogprobs(Backend):
+    async def submit(self, request):
+        yield TokenChunk(request_id=request.request_id, seq=0, token_ids=(5,), text="a", logprobs=(-0.5,),
+                         emitted_unix_ms=0.0)
+        yield RequestDone(request_id=request.request_id, seq=1, finish_reason="length", num_prompt_tokens=2,
+                          num_output_tokens=1)
 
 
 def _events(response) -> list:
@@ -69,3 +78,24 @@ async def test_a_message_with_fields_it_cannot_read_is_refused(backend):  # noqa
         {"role": "assistant", "content": None, "tool_calls": [{"id": "t", "type": "function"}]}]}
     r = await _post(backend, body, "/v1/chat/completions")
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {**BASE, "logprobs": 1}),
+    ("/v1/chat/completions", {"model": "demo-tiny", "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 4, "logprobs": True}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprobs_name_their_token_with_text_and_bytes(served, path, body, stream):  # noqa: F811
+    # the backend answers token id 5 (text "a") with its logprob: named by its piece in the demo tokenizer
+    backend = WithLogprobs(models={served.name: served})
+    r = await _post(backend, {**body, "stream": stream}, path)
+    assert r.status_code == 200, r.text
+    choice = (_events(r)[0] if stream else r.json())["choices"][0]
+    expected, raw = backend.models["demo-tiny"].tokenizer.token_piece(5)
+    assert expected and raw
+    if path == "/v1/completions":
+        assert choice["logprobs"]["tokens"] == [expected]
+    else:
+        entry = choice["logprobs"]["content"][0]
+        assert entry["token"] == expected and entry["bytes"] == list(raw)
