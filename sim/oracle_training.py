@@ -4,9 +4,9 @@
   code (`oracle.profile.run.profile_checkpoint`: knee search, grid, training set) runs against simulated devices
   (sim/profile_device.py) with the scenario's device effects. The oracle sees step times, never the cost model's
   or the effects' parameters: its roofline is the device's datasheet with efficiencies fitted to measured steps.
-- The length mixes profiled are what telemetry shows before the run: the group's apps' prompt and output lengths
-  over the trace's first minute (10th, 50th and 90th percentile of the apps' means), as an operator profiles the
-  traffic it serves.
+- The length mixes profiled are what telemetry shows before the run: the requests the group's apps sent in the
+  trace's first minute, in up to three mixes (the apps in thirds by mean request length), each mix drawing its
+  (prompt, output) pairs from those requests, as an operator profiles the traffic it serves.
 - The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
@@ -65,20 +65,25 @@ def groups_of(scenario: Scenario) -> list[Group]:
     return [Group(*key, apps=tuple(apps)) for key, apps in sorted(by_key.items())]
 
 
-def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...]) -> tuple[LengthMix, ...]:
-    """Three length mixes spanning what the apps sent in the first minute (percentiles of their means)."""
-    seen = [window_features(scenario.trace, app, 0.0, TELEMETRY_S) for app in apps]
-    seen = [f for f in seen if f.token_rate_tps > 0] or [window_features(scenario.trace, app, 0.0,
-                                                                          scenario.trace.duration_s) for app in apps]
-    inputs = np.array([max(f.input_len_mean, 1.0) for f in seen])
-    outputs = np.array([max(f.output_len_mean, 1.0) for f in seen])
-    cvs = np.array([np.sqrt(f.input_len_var) / max(f.input_len_mean, 1.0) for f in seen])
-    cv = float(np.clip(np.median(cvs), 0.1, 2.0))
-    mixes = {}
-    for q in (10, 50, 90):
-        mix = LengthMix(f"p{q}", round(float(np.percentile(inputs, q))), cv, round(float(np.percentile(outputs, q))))
-        mixes.setdefault((mix.input_len_mean, mix.output_len_mean), mix)
-    return tuple(mixes.values())
+def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...], max_samples: int = 2_000) -> tuple[LengthMix, ...]:
+    """Up to three length mixes from the requests the apps sent in the first minute: the apps in thirds by their
+    mean request length, each third's requests as the mix's (prompt, output) samples (at most `max_samples`)."""
+    trace = scenario.trace
+    end = int(np.searchsorted(trace.arrival_s, TELEMETRY_S))
+    if not np.isin(trace.app_ids[:end], np.array(apps)).any():
+        end = trace.num_requests  # nothing in the first minute: the whole trace stands in
+    ids, inputs, outputs = trace.app_ids[:end], trace.input_tokens[:end], trace.output_tokens[:end]
+    seen = [a for a in apps if (ids == a).any()]
+    seen.sort(key=lambda a: float((inputs[ids == a] + outputs[ids == a]).mean()))
+    rng = np.random.default_rng(0)
+    mixes = []
+    for name, part in zip(("short", "mid", "long"), np.array_split(np.array(seen), min(3, len(seen)))):
+        sel = np.isin(ids, part)
+        pairs = np.stack([inputs[sel], outputs[sel]], axis=1).astype(int)
+        if len(pairs) > max_samples:
+            pairs = pairs[rng.choice(len(pairs), max_samples, replace=False)]
+        mixes.append(LengthMix.of_samples(name, tuple((int(p), int(o)) for p, o in pairs)))
+    return tuple(mixes)
 
 
 def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:

@@ -9,12 +9,24 @@ from contracts import LoadFeatures
 
 @dataclass(frozen=True)
 class LengthMix:
-    """Prompt lengths log-normal with this mean and coefficient of variation; output lengths with this mean."""
+    """Prompt lengths log-normal with this mean and coefficient of variation; output lengths with this mean. Or,
+    with `samples`, (prompt, output) pairs drawn from those seen (telemetry), the means and CV describing them."""
 
     name: str
     input_len_mean: float
     input_len_cv: float
     output_len_mean: float
+    samples: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of_samples(cls, name: str, samples: tuple[tuple[int, int], ...]) -> "LengthMix":
+        if not samples:
+            raise ValueError(f"length mix {name!r}: no samples")
+        prompts = [p for p, _ in samples]
+        mean = sum(prompts) / len(prompts)
+        std = (sum((p - mean) ** 2 for p in prompts) / len(prompts)) ** 0.5
+        return cls(name, mean, std / mean if mean > 0 else 0.0, sum(o for _, o in samples) / len(samples),
+                   tuple(samples))
 
     @property
     def input_len_var(self) -> float:

@@ -1,5 +1,6 @@
 """Synthetic open-loop load for one grid point: Poisson arrivals at the point's rate, log-normal prompt lengths
-with the mix's mean and CV, output lengths log-normal (CV 0.5) around the mix's mean. Seeded, pure."""
+with the mix's mean and CV, output lengths log-normal (CV 0.5) around the mix's mean; or, for a mix of samples,
+(prompt, output) pairs drawn from them. Seeded, pure."""
 from __future__ import annotations
 
 import math
@@ -38,7 +39,13 @@ def synth_requests(point: GridPoint, duration_s: float, seed: int, max_prompt_le
     arrivals = np.cumsum(gaps)
     arrivals = arrivals[arrivals < duration_s]
     n = len(arrivals)
-    prompts = np.clip(np.rint(_log_normal(rng, point.mix.input_len_mean, point.mix.input_len_cv, n)), 1, max_prompt_len)
-    outputs = np.clip(np.rint(_log_normal(rng, point.mix.output_len_mean, OUTPUT_LEN_CV, n)), 1, max_output_len)
+    if point.mix.samples:  # telemetry's own (prompt, output) pairs
+        pairs = np.array(point.mix.samples, dtype=float)[rng.integers(0, len(point.mix.samples), n)]
+        prompts = np.clip(pairs[:, 0], 1, max_prompt_len)
+        outputs = np.clip(pairs[:, 1], 1, max_output_len)
+    else:
+        prompts = np.clip(np.rint(_log_normal(rng, point.mix.input_len_mean, point.mix.input_len_cv, n)), 1,
+                          max_prompt_len)
+        outputs = np.clip(np.rint(_log_normal(rng, point.mix.output_len_mean, OUTPUT_LEN_CV, n)), 1, max_output_len)
     return [SyntheticRequest(f"r{i}", float(a), int(p), int(o))
             for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]

@@ -1,0 +1,23 @@
+"""A length mix of telemetry's samples: the synthetic requests draw their (prompt, output) pairs from them."""
+import pytest
+
+from oracle.profile.grid import GridPoint, LengthMix
+from oracle.profile.workload import synth_requests
+
+
+def test_a_mix_of_samples_draws_only_those_pairs_and_describes_them():
+    pairs = ((10, 5), (200, 40), (3000, 7))
+    mix = LengthMix.of_samples("seen", pairs)
+    assert mix.input_len_mean == pytest.approx(3210 / 3) and mix.output_len_mean == pytest.approx(52 / 3)
+    requests = synth_requests(GridPoint(50.0, mix, 1), 10.0, seed=1, max_prompt_len=4096, max_output_len=4096)
+    assert len(requests) > 300
+    drawn = {(r.prompt_len, r.output_len) for r in requests}
+    assert drawn == set(pairs)  # every pair, nothing else
+
+
+def test_samples_are_clipped_to_what_the_target_serves_and_an_empty_mix_is_refused():
+    mix = LengthMix.of_samples("long", ((9000, 900),))
+    requests = synth_requests(GridPoint(5.0, mix, 1), 4.0, seed=0, max_prompt_len=4096, max_output_len=512)
+    assert {(r.prompt_len, r.output_len) for r in requests} == {(4096, 512)}
+    with pytest.raises(ValueError):
+        LengthMix.of_samples("none", ())
