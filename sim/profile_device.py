@@ -169,6 +169,8 @@ class SimDeviceProfiler(Profiler):
     efficiencies fitted to steps measured on the device, as the real-engine profiler fits them on the CPU."""
 
     step_probe = staticmethod(sim_step_probe)
+    workload_max_prompt_len = 16_384  # the simulated devices serve the trace's lengths, not the CPU engine's
+    workload_max_output_len = 8_192
 
     def __init__(self, name: str, cost: StepCost, effects: DeviceEffects, settings: HarnessSettings,
                  max_replicas: int):
