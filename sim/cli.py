@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--shock-app", type=int, default=1, help="ablation: which of the five apps is shocked")
     e.add_argument("--shock-factor", type=float, default=20.0, help="ablation: its rate times this")
     e.add_argument("--shock-at-s", type=float, default=60.0, help="ablation: from this second on")
-    e.add_argument("--budgets", default="8,12,16,24,32", help="budget-sweep: comma-separated device counts")
+    e.add_argument("--budgets", default="40,72,98", help="budget-sweep: comma-separated device counts")
     e.add_argument("--sweep-on", choices=["headline", "ablation"], default="headline",
                    help="budget-sweep: the ServeGen trace of the other flags, or the five-app scenario")
     e.add_argument("--figure", default=None, help="experiments: where the plot goes (default: under --out)")
