@@ -192,11 +192,21 @@ class Oracle:
             grid = np.arange(1, grid_max + 1)
             inputs = np.stack([elasticity_grid(missing[k].features, grid) for k in group])
             if len(group) == 1:
-                raw_mean, raw_std = self._elasticity[missing[group[0]].model].predict(inputs[0])
-                raw_means, raw_stds = raw_mean[None], raw_std[None]
+                predictor = self._elasticity[missing[group[0]].model]
+
+                def predict(include_noise: bool):
+                    mean, std = predictor.predict(inputs[0], include_noise=include_noise)
+                    return mean[None], std[None]
             else:
-                raw_means, raw_stds = self._stack([missing[k].model for k in group]).predict(inputs)
-            means, bounds = monotone_attainment(raw_means, raw_stds, query.k_sigma)
+                stack = self._stack([missing[k].model for k in group])
+
+                def predict(include_noise: bool):
+                    return stack.predict(inputs, include_noise=include_noise)
+            # the answer's std is one window's (what a measurement is compared with); the bound the planners size
+            # by uses the policy's (OraclePolicy.elasticity_bound_std)
+            raw_means, raw_stds = predict(True)
+            bound_stds = predict(False)[1] if self.policy.elasticity_bound_std == "latent" else raw_stds
+            means, bounds = monotone_attainment(raw_means, bound_stds, query.k_sigma)
             for key, mean, std, bound in zip(group, means.tolist(), raw_stds.tolist(), bounds.tolist()):
                 found[key] = self._grid_cache[key] = (tuple(mean), tuple(std), tuple(bound))
         return found

@@ -18,10 +18,19 @@ class OraclePolicy:
     refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
     refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
     max_samples_per_model: int = 5000  # online samples beyond this: the oldest telemetry goes first
+    # The std of an elasticity answer's bound = mean - k * std: "latent" is the GP's uncertainty about the expected
+    # attainment, what a replica count is sized for; "predictive" adds one window's label noise (the std the answer
+    # reports either way, what a measured window is compared with). With the noise in the bound, a 0.99 target is
+    # out of reach wherever the labels scatter by more than a point, and the scaler's saturation rule then takes
+    # large counts (docs/oracle.md).
+    elasticity_bound_std: Literal["latent", "predictive"] = "latent"
 
     def __post_init__(self) -> None:
         if self.max_grid_replicas < 1 or self.max_train_points < 8 or self.num_train_iters < 1:
             raise ValueError("OraclePolicy: max_grid_replicas >= 1, max_train_points >= 8, num_train_iters >= 1")
+        if self.elasticity_bound_std not in ("latent", "predictive"):
+            raise ValueError("OraclePolicy: elasticity_bound_std latent or predictive, "
+                             f"got {self.elasticity_bound_std!r}")
         if self.elasticity_mean not in ("logistic", "constant"):
             raise ValueError(f"OraclePolicy: elasticity_mean logistic or constant, got {self.elasticity_mean!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:

@@ -41,9 +41,10 @@ class ElasticityPredictor:
     target: str  # identity | logit
     version: str
 
-    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std) of attainment, each (n,), unclipped order preserved, values in [0, 1]."""
-        mu, sigma = self.posterior.predict(x)
+    def predict(self, x: np.ndarray, include_noise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) of attainment, each (n,), unclipped order preserved, values in [0, 1]. `include_noise`: the
+        std of one measured window (predictive), else of the expected attainment (latent)."""
+        mu, sigma = self.posterior.predict(x, include_noise=include_noise)
         mu, sigma = mu[:, 0], sigma[:, 0]
         if self.target == "logit":
             mean = 1.0 / (1.0 + np.exp(-mu))

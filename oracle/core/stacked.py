@@ -54,8 +54,9 @@ class StackedElasticity:
         self.y_mean = np.array([p.y_mean[0] for p in posts])
         self.y_std = np.array([p.y_std[0] for p in posts])
 
-    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """x (b, g, d): row i holds model i's inputs. Returns attainment mean and std, each (b, g)."""
+    def predict(self, x: np.ndarray, include_noise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """x (b, g, d): row i holds model i's inputs. Returns attainment mean and std, each (b, g); the std with the
+        label noise (predictive) or without (latent), as ElasticityPredictor.predict."""
         z = (x - self.x_mean[:, None, :]) / self.scale[:, None, :]
         sq = (z**2).sum(-1)[:, :, None] + self.z_train_sq[:, None, :] - 2.0 * np.matmul(z, self.z_train_t)
         k = self.outputscale[:, None, None] * np.exp(-0.5 * np.clip(sq, 0.0, MAX_SQ_DIST))
@@ -67,7 +68,7 @@ class StackedElasticity:
             prior, noise = self.constant[:, None], self.noise[:, None]
         mu = prior + np.einsum("bgn,bn->bg", k, self.alpha)
         v = np.matmul(k, self.chol_inv_t)
-        var = self.outputscale[:, None] - np.einsum("bgn,bgn->bg", v, v) + noise
+        var = self.outputscale[:, None] - np.einsum("bgn,bgn->bg", v, v) + (noise if include_noise else 0.0)
         mu = mu * self.y_std[:, None] + self.y_mean[:, None]
         sigma = np.sqrt(np.maximum(var, 1e-12)) * self.y_std[:, None]
         if not self.targets.any():
