@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "unavailable"  # no service answered on the subject
     INTERNAL = "internal"
     POISON_REQUEST = "poison_request"  # failed on two instances: not dispatched again (HTTP 500)
+    NOT_FOUND = "not_found"  # no such route (HTTP 404; an unknown model is UNKNOWN_MODEL)
 
 
 class ErrorInfo(Message):

@@ -20,7 +20,7 @@ from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, To
 from runtime.metrics import REGISTRY
 
 from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
-from .core.api import ChatBody, CompletionBody, field_of
+from .core.api import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, field_of
 from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
 from .core.readiness import Readiness
@@ -29,6 +29,18 @@ from .http_guard import BodyGuard
 
 Event = TokenChunk | RequestDone | RequestFailed
 log = logging.getLogger("janus.gateway")
+
+
+def _janus_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("janus-serving")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+JANUS_VERSION = _janus_version()
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 STATUS_PAGE = Path(__file__).with_name("status_page.html")
 
@@ -160,9 +172,11 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         return JSONResponse(error_body(ErrorCode.INVALID_REQUEST, msg, field_of(tuple(first.get("loc", ())))), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = ErrorCode.UNKNOWN_MODEL if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
-        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # raised by the router: a 404 here is a path no route serves (an unknown model is an ApiError)
+        if exc.status_code == 404:
+            return JSONResponse(error_body(ErrorCode.NOT_FOUND, f"no route {request.method} {request.url.path}"), 404)
+        return JSONResponse(error_body(ErrorCode.INVALID_REQUEST, str(exc.detail)), exc.status_code,
                             headers=retry_headers(exc.status_code))
 
     @app.exception_handler(Exception)
@@ -203,6 +217,36 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         return {"object": "list", "data": [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "janus", "max_model_len": m.max_model_len}
             for m in backend.models.values()]}
+
+    @app.post("/tokenize", responses=_responses(400, 401, 404, 500))
+    async def tokenize(body: TokenizeBody, request: Request) -> dict:
+        """vLLM's: the prompt's token ids (chat messages through the model's template), the count and the limit."""
+        _tenant(backend, request)
+        model = _model(backend, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(ErrorCode.INVALID_REQUEST, "give either prompt or messages", "prompt")
+        tok = model.tokenizer
+        if body.messages is not None:
+            text = tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages],
+                                           add_generation_prompt=body.add_generation_prompt)
+        else:
+            text = body.prompt
+        ids = await asyncio.to_thread(tok.encode, text)
+        return {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize", responses=_responses(400, 401, 404, 500))
+    async def detokenize(body: DetokenizeBody, request: Request) -> dict:
+        _tenant(backend, request)
+        model = _model(backend, body.model)
+        bad = next((t for t in body.tokens if not 0 <= t < model.tokenizer.vocab_size), None)
+        if bad is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"token id {bad} is outside the vocabulary of {model.name} "
+                           f"(size {model.tokenizer.vocab_size})", "tokens")
+        return {"prompt": model.tokenizer.decode(body.tokens)}
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": JANUS_VERSION}
 
     @app.post("/v1/completions", responses=API_ERRORS)
     async def completions(body: CompletionBody, request: Request):

@@ -129,3 +129,24 @@ def field_of(loc: tuple[Any, ...]) -> str | None:
     """The OpenAI `param` for a pydantic error location (`body.messages.0.role` -> `messages`)."""
     names = [str(p) for p in loc if p != "body"]
     return names[0] if names else None
+
+
+class TokenizeBody(_Tolerant):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the model's chat template."""
+
+    model: Text = Field(min_length=1)
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        if v is not None and not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+
+class DetokenizeBody(_Tolerant):
+    model: Text = Field(min_length=1)
+    tokens: list[int] = Field(max_length=1 << 20)

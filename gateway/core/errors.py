@@ -23,6 +23,7 @@ _STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.ILLEGAL_TRANSITION: (409, "invalid_request_error"),
     ErrorCode.INTERNAL: (500, "server_error"),
     ErrorCode.POISON_REQUEST: (500, "server_error"),
+    ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
 }
 
 # Retry-After (RFC 9110 section 10.2.3) goes on every 429 and 503: whole seconds, as OpenAI's SDKs and most HTTP
