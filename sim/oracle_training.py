@@ -28,17 +28,12 @@ from oracle.core.dataset import TrainingSet
 from oracle.core.oracle import ModelProfile, Oracle
 from oracle.profile.grid import LengthMix
 from oracle.profile.harness import HarnessSettings
-from oracle.profile.run import ProfilePlan, profile_checkpoint
+from oracle.profile.run import DEVICE, ProfilePlan, profile_checkpoint
 
 from .profile_device import SimDeviceProfiler
 from .scenario import Scenario, window_features
 
-# The simulated profile: m up to 8 (a point's cost grows with m x the load; past 8 the GP extrapolates in log m
-# along its prior mean, which rises with m at a fixed load per replica), five loads per (mix, m) from well below to
-# well past the knee, points long enough for requests of a few hundred tokens at the TPOT SLO to finish.
-SIM_PLAN = ProfilePlan("sim", replicas=(1, 2, 4, 8), mixes=(LengthMix("placeholder", 1.0, 0.0, 1.0),),
-                       load_bands=((0.05, 0.3), (0.3, 0.65), (0.65, 1.15), (1.3, 1.8), (2.0, 3.0)),
-                       duration_s=8.0, drain_s=16.0, pilot_duration_s=4.0, pilot_max_runs=6)
+SIM_PLAN = DEVICE  # the oracle's plan for a fast target; its mixes are telemetry's (plan_for)
 TELEMETRY_S = 60.0  # the mixes come from the first minute of traffic
 MAX_REQUESTS_PER_POINT = 20_000  # a small model's point at 3x its knee on 8 devices would send ~300k
 

@@ -83,7 +83,13 @@ class ProfilePlan:
 FULL = ProfilePlan("full")
 QUICK = ProfilePlan("quick", load_bands=((0.05, 0.3), (0.65, 1.15), (1.3, 1.8)), duration_s=1.5,
                     pilot_duration_s=1.0, pilot_max_runs=5, step_cost_rounds=2)
-PLANS = {p.name: p for p in (FULL, QUICK)}
+# For a fast target (an accelerator, or the simulator's devices: sim/oracle_training.py): m up to 8, five loads from
+# well below to well past each mix's knee, points long enough for requests of a few hundred tokens at a TPOT SLO of
+# tens of ms to finish. Its mixes come from the caller (telemetry).
+DEVICE = ProfilePlan("device", replicas=(1, 2, 4, 8), load_bands=((0.05, 0.3), (0.3, 0.65), (0.65, 1.15), (1.3, 1.8),
+                                                               (2.0, 3.0)),
+                     duration_s=8.0, drain_s=16.0, pilot_duration_s=4.0, pilot_max_runs=6)
+PLANS = {p.name: p for p in (FULL, QUICK, DEVICE)}
 
 
 @dataclass
@@ -214,5 +220,5 @@ def estimate_s(plan: ProfilePlan) -> float:
     return {"quick": 270.0, "full": 540.0}.get(plan.name, 60.0 * math.ceil(plan.num_points / 6))
 
 
-__all__ = ["FULL", "PLANS", "QUICK", "ProfilePlan", "ProfileResult", "estimate_s", "format_duration",
+__all__ = ["DEVICE", "FULL", "PLANS", "QUICK", "ProfilePlan", "ProfileResult", "estimate_s", "format_duration",
            "parse_mixes", "partial_path", "profile_checkpoint"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,3 +140,20 @@ def _label(task: asyncio.Task) -> str:
     frame = getattr(task.get_coro(), "cr_frame", None)
     service = frame.f_locals.get("service") if frame is not None else None
     return f"{service.name} {service.instance}" if isinstance(service, Service) else task.get_name()
+
+
+async def wait_for(predicate, *, timeout_s: float, what: str, tasks=()):
+    """Poll `predicate` until it returns something truthy (returned); a service task that ended meanwhile is
+    surfaced at once instead of waiting out the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        for task in tasks:
+            if task.done():
+                task.result()
+                raise RuntimeError(f"a service stopped while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+        await asyncio.sleep(0.05)

@@ -58,7 +58,7 @@ from tests.unit.planner.planner_test_oracles import TableOracle
 from worker.echo_engine import EchoEngine
 from worker.service import WorkerService
 
-from .cluster import forget_earlier_clusters, stop_services
+from .cluster import forget_earlier_clusters, stop_services, wait_for
 
 pytestmark = pytest.mark.slow  # each test starts a whole cluster and streams for ~10 s
 
@@ -139,23 +139,6 @@ def target_of(plan: ElasticPlan, model: str = MODEL) -> ElasticTarget | None:
 def count_of(plan: ElasticPlan, model: str = MODEL) -> int:
     t = target_of(plan, model)
     return 0 if t is None else t.num_prefill + t.num_decode
-
-
-async def wait_for(predicate, *, timeout_s: float, what: str, tasks=()):
-    """Poll `predicate` until it returns something truthy (returned); a service task that ended meanwhile is
-    surfaced at once instead of waiting out the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for task in tasks:
-            if task.done():
-                task.result()
-                raise RuntimeError(f"a service stopped while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-        await asyncio.sleep(0.05)
 
 
 # --- a janus-up-like cluster in this process ----------------------------------------------------------------------

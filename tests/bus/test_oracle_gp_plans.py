@@ -42,7 +42,7 @@ from oracle.specs import h200, model_shape
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
 
-from .cluster import stop_services
+from .cluster import stop_services, wait_for
 
 MODEL = "demo-tiny"
 TTFT_SLO_MS, TPOT_SLO_MS = 300.0, 20.0
@@ -89,21 +89,6 @@ def idle_heartbeat(worker_id: str) -> WorkerHeartbeat:
 
 def target_of(plan: ElasticPlan) -> ElasticTarget | None:
     return next((t for t in plan.targets if t.model == MODEL), None)
-
-
-async def wait_for(predicate, *, timeout_s: float, what: str, tasks=()):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for task in tasks:
-            if task.done():
-                task.result()
-                raise RuntimeError(f"a service stopped while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-        await asyncio.sleep(0.05)
 
 
 async def ask_oracle(bus, rate_rps: float) -> ElasticityReply:
