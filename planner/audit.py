@@ -21,8 +21,8 @@ from .audit_format import format_json, format_text, parse_event, parse_since, pl
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="janus audit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nats", help="NATS URL (default $JANUS_NATS_URL)")
-    p.add_argument("--state-dir", help="a `janus up` state dir whose operator login to use (default .janus)")
+    p.add_argument("--nats", help="NATS URL (default $JANUS_NATS_URL, else <state-dir>/nats.url of a `janus up`)")
+    p.add_argument("--state-dir", help="a `janus up` state dir whose NATS URL and operator login to use (default .janus)")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--since", help="replay from this ISO-8601 time or this long ago (90s, 10m, 2h, 1d)")
     start.add_argument("--all", action="store_true", help="replay from the first event kept")
@@ -40,22 +40,19 @@ async def audit(args: argparse.Namespace, out=sys.stdout) -> int:
     from nats.js.api import ConsumerConfig, DeliverPolicy
     from nats.js.errors import NotFoundError
 
-    from runtime.bus import Bus
-    from runtime.security import operator_login
-    from runtime.settings import JanusSettings
+    from runtime.tools import connect_tool, nats_target, settings_for
 
-    overrides = {k: v for k, v in (("nats_url", args.nats), ("state_dir", getattr(args, "state_dir", None))) if v}
-    settings = JanusSettings(**overrides)
-    user, password = operator_login(settings)  # read-only operator of a `janus up` cluster, if there is one
+    # --nats, $JANUS_NATS_URL or the state dir's nats.url; the read-only operator of a `janus up` cluster, if any
+    target = nats_target(settings_for(getattr(args, "state_dir", None)), args.nats)
     is_replay = bool(args.since or args.all)
     is_follow = args.follow or not is_replay
-    bus = await Bus.connect(settings.nats_url, "audit", user=user, password=password)
+    bus = await connect_tool("audit", target)  # ToolConnectError: one line, within seconds (main)
     sub = None
     try:
         try:
             info = await bus.js.stream_info(subjects.PLANS_STREAM)
         except NotFoundError:
-            print(f"janus audit: no stream {subjects.PLANS_STREAM} on {settings.nats_url} (no planner has run)",
+            print(f"janus audit: no stream {subjects.PLANS_STREAM} on {target.url} (no planner has run)",
                   file=sys.stderr)
             return 2
         last_seq = info.state.last_seq
@@ -144,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"janus audit: {exc}", file=sys.stderr)
             return 2
+    from runtime.tools import EXIT_NO_NATS, ToolConnectError, quiet_connection_warnings
+
+    quiet_connection_warnings()
     try:
         return asyncio.run(audit(args))
     except KeyboardInterrupt:
         return 0
+    except ToolConnectError as exc:
+        print(f"janus audit: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NO_NATS

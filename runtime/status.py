@@ -4,31 +4,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import shutil
+import sys
 from pathlib import Path
 
-from .bus import Bus
 from .cluster_view import ClusterView
-from .security import operator_login
-from .settings import JanusSettings
+from .tools import (EXIT_NO_NATS, NatsTarget, ToolConnectError, connect_tool, nats_target, quiet_connection_warnings,
+                    settings_for)
+
+ATTACH_TIMEOUT_S = 5.0  # the registry watch and the stream look-ups: a server that accepts but never answers
+# Piped output (no terminal to measure) is not cut to rich's 80 columns: lines as long as the widest table needs.
+PIPE_WIDTH_COLUMNS = 240
 
 
-def nats_url_of(settings: JanusSettings, explicit: str | None) -> str:
-    """--nats, else $JANUS_NATS_URL, else the URL a local `janus up` left in its state directory."""
-    if explicit:
-        return explicit
-    if "JANUS_NATS_URL" in os.environ:
-        return settings.nats_url
-    local = Path(settings.state_dir) / "nats.url"
-    return local.read_text().strip() if local.exists() else settings.nats_url
-
-
-async def gather(url: str, settings: JanusSettings, wait_s: float) -> dict:
-    user, password = operator_login(settings)
-    bus = await Bus.connect(url, "status", user=user, password=password)
+async def gather(target: NatsTarget, wait_s: float) -> dict:
+    bus = await connect_tool("status", target)
     view = ClusterView()
     try:
-        await view.attach(bus)
+        try:
+            await asyncio.wait_for(view.attach(bus), ATTACH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ToolConnectError(f"NATS at {target.url} (from {target.source}) accepted the connection but the "
+                                   f"registry did not answer within {ATTACH_TIMEOUT_S:g} s (JetStream down?)") from None
         await asyncio.sleep(wait_s)  # at least two heartbeats and one load window
         return view.snapshot()
     finally:
@@ -36,30 +33,39 @@ async def gather(url: str, settings: JanusSettings, wait_s: float) -> dict:
         await bus.close()
 
 
-def render(snap: dict) -> None:
-    from rich.console import Console
+def terminal_width_columns() -> int:
+    """$COLUMNS, else the terminal's width, else (piped) PIPE_WIDTH_COLUMNS."""
+    return shutil.get_terminal_size((PIPE_WIDTH_COLUMNS, 24)).columns
+
+
+def _table(title: str, columns: tuple[str, ...]):
     from rich.table import Table
 
-    console = Console()
-    t = Table(title="devices")
-    for col in ("worker", "device", "pages free / total", "fragmentation", "models (pages)", "heartbeat age s"):
-        t.add_column(col)
+    t = Table(title=title)
+    for col in columns:  # fold, never cut: a long worker id or model name wraps inside its cell
+        t.add_column(col, overflow="fold")
+    return t
+
+
+def render(snap: dict, out=None, width_columns: int | None = None) -> None:
+    from rich.console import Console
+
+    console = Console(file=out or sys.stdout, width=width_columns or terminal_width_columns())
+    t = _table("devices", ("worker", "device", "pages free / total", "fragmentation", "models (pages)",
+                           "heartbeat age s"))
     for d in snap["devices"]:
         used = ", ".join(f"{m}: {sum(k.values())}" for m, k in d["pages_by_model"].items()) or "-"
         t.add_row(d["worker_id"], f"{d['device']} {d['device_name']}", f"{d['pages_free']} / {d['pages_total']}",
                   f"{d['fragmentation']:.1%}", used, str(d["age_s"]))
     console.print(t)
-    t = Table(title="instances")
-    for col in ("model", "worker", "pool", "role", "state", "ready", "waiting", "running", "TTFT p50 ms"):
-        t.add_column(col)
+    t = _table("instances", ("model", "worker", "pool", "role", "state", "ready", "waiting", "running",
+                             "TTFT p50 ms"))
     for i in snap["instances"]:
         ttft = "-" if i["ttft_ms_p50"] is None else f"{i['ttft_ms_p50']:.1f}"
         t.add_row(i["model"], i["worker_id"], i["pool"], i["role"], i["state"], "yes" if i["is_ready"] else "no",
                   str(i["num_waiting"]), str(i["num_running"]), ttft)
     console.print(t)
-    t = Table(title="models")
-    for col in ("model", "steady", "elastic", "ready", "rate rps", "queue", "TTFT attainment"):
-        t.add_column(col)
+    t = _table("models", ("model", "steady", "elastic", "ready", "rate rps", "queue", "TTFT attainment"))
     for m in snap["models"]:
         att = m.get("ttft_attainment")
         t.add_row(m["model"], str(m["replicas"]["steady"]), str(m["replicas"]["elastic"]), str(m["ready"]),
@@ -78,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     ap.add_argument("--wait-s", type=float, default=1.2, help="how long to listen before printing")
     args = ap.parse_args(argv)
-    settings = JanusSettings(**({"state_dir": args.state_dir} if args.state_dir else {}))
-    snap = asyncio.run(gather(nats_url_of(settings, args.nats), settings, args.wait_s))
+    quiet_connection_warnings()
+    target = nats_target(settings_for(args.state_dir), args.nats)
+    try:
+        snap = asyncio.run(gather(target, args.wait_s))
+    except ToolConnectError as exc:
+        print(f"janus status: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NO_NATS
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
     else:
