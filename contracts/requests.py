@@ -16,6 +16,10 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0 <= seed < 2**64 (negative seeds are not accepted here)
 MAX_TOP_K = (1 << 31) - 1  # int32, as top-k runs on device tensors
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default max_logprobs is 20 too)
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias: scattered into the logits every step
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range, [-100, 100]
+MAX_N = 16  # choices per request: each is a sequence in the engine sharing the prompt's KV blocks
 
 
 class SamplingParams(Message):
@@ -30,12 +34,30 @@ class SamplingParams(Message):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token")
+    n: int = Field(default=1, ge=1, le=MAX_N, description="choices sampled from one prompt computation")
+    # penalties and biases (docs/api.md): OpenAI's over the output, vLLM's repetition penalty over prompt + output
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0, description="1 means off")
+    logit_bias: tuple[tuple[int, float], ...] = Field(default=(), max_length=MAX_LOGIT_BIAS,
+                                                      description="(token id, bias added to its logit)")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="drop tokens below min_p * the top probability")
+    min_tokens: int = Field(default=0, ge=0, description="stop tokens and EOS are masked until this many outputs")
 
     @model_validator(mode="after")
     def _no_empty_stop(self) -> "SamplingParams":
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if any(abs(bias) > MAX_LOGIT_BIAS_VALUE for _, bias in self.logit_bias):
+            raise ValueError(f"logit_bias values must lie in [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must not exceed max_tokens")
         return self
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0)
 
 
 class GenerateRequest(Message):

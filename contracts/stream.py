@@ -15,8 +15,13 @@ class TokenChunk(Message):
     token_ids: tuple[int, ...]
     text: str = Field(description="the text these tokens add, detokenised incrementally")
     logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = Field(
+        default=None, description="per token: its most likely alternatives as (token id, logprob)")
     emitted_unix_ms: float
     worker_id: str = Field(default="", description="who streamed it: where to ask for a resend (P/D changes it)")
+    index: int = Field(default=0, ge=0, description="the choice these tokens belong to (n > 1)")
+    finish_reason: Literal["stop", "length"] | None = Field(
+        default=None, description="this choice ended here while others go on; the last one ends with RequestDone")
 
 
 class RequestDone(Message):

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from pathlib import Path
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,8 +23,8 @@ from .core.api import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, fi
 from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
 from .core.readiness import Readiness
-from .core.responses import Completion, chunk_body, final_body, usage_chunk
 from .http_guard import BodyGuard
+from .respond import Shape, TokenPieces, respond
 
 Event = TokenChunk | RequestDone | RequestFailed
 log = logging.getLogger("janus.gateway")
@@ -93,10 +92,6 @@ def _model(backend: Backend, name: str) -> ServedModel:
         known = ", ".join(sorted(backend.models)) or "none"
         raise ApiError(ErrorCode.UNKNOWN_MODEL, f"the model '{name}' does not exist (served: {known})", "model")
     return model
-
-
-def _sse(obj: dict | str) -> bytes:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
 # what the OpenAPI document lists for the API routes: every error comes as an OpenAI error body
@@ -254,9 +249,12 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway completions"):
             # tokenising a large prompt takes a while: off the event loop, which serves every other request
-            req = await asyncio.to_thread(admit_completion, body, model, _envelope(backend, tenant))
-            return _naming_ignored(body, req, await _admitted(
-                backend, request, model, req, "completion", body.stream, _usage_wanted(body), bool(body.logprobs)))
+            reqs = await asyncio.to_thread(admit_completion, body, model, _envelope(backend, tenant))
+            prefixes = await asyncio.to_thread(_echo_prefixes, body, model, reqs) if body.echo else None
+            shape = Shape(kind="completion", stream=body.stream, include_usage=_usage_wanted(body), n=body.n,
+                          pieces=_token_pieces(model) if body.logprobs is not None else None,
+                          with_top=bool(body.logprobs), prefixes=prefixes)
+            return _naming_ignored(body, reqs[0], await _admitted(backend, request, model, reqs, shape))
 
     @app.post("/v1/chat/completions", responses=API_ERRORS)
     async def chat(body: ChatBody, request: Request):
@@ -264,8 +262,9 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
             req = await asyncio.to_thread(admit_chat, body, model, _envelope(backend, tenant))
-            return _naming_ignored(body, req, await _admitted(
-                backend, request, model, req, "chat", body.stream, _usage_wanted(body), body.logprobs))
+            shape = Shape(kind="chat", stream=body.stream, include_usage=_usage_wanted(body), n=body.n,
+                          pieces=_token_pieces(model) if body.logprobs else None)
+            return _naming_ignored(body, req, await _admitted(backend, request, model, [req], shape))
 
     return app
 
@@ -293,21 +292,22 @@ def _naming_ignored(body: CompletionBody | ChatBody, req: GenerateRequest, respo
 def _envelope(backend: Backend, tenant: str) -> Envelope:
     request_id = uuid.uuid4().hex
     return Envelope(request_id=request_id, tenant=tenant, now_unix_ms=time.time() * 1000.0,
-                    reply_subject=backend.reply_subject(request_id), traceparent=backend.current_traceparent())
+                    reply_subject=backend.reply_subject(request_id), traceparent=backend.current_traceparent(),
+                    reply_subject_of=backend.reply_subject)
 
 
-async def _admitted(backend: Backend, request: Request, model: ServedModel, req: GenerateRequest, kind: str,
-                    stream: bool, include_usage: str | None, want_logprobs: bool):
+async def _admitted(backend: Backend, request: Request, model: ServedModel, requests: list[GenerateRequest],
+                    shape: Shape):
     """Hold a tenant slot (rate and concurrency) for as long as the request runs, streams included. A refusal
     (429) or a failure before the first byte that means "not now" (503) tells the client when to come back
     (Retry-After: docs/operations.md)."""
-    refusal = backend.limiter.try_acquire(req.tenant, time.monotonic())
+    tenant = requests[0].tenant
+    refusal = backend.limiter.try_acquire(tenant, time.monotonic())
     if refusal is not None:
-        raise ApiError(ErrorCode.RATE_LIMITED, refusal, retry_after_s=backend.limiter.retry_after_s(req.tenant))
-    releases = [lambda: backend.limiter.release(req.tenant)]
+        raise ApiError(ErrorCode.RATE_LIMITED, refusal, retry_after_s=backend.limiter.retry_after_s(tenant))
+    releases = [lambda: backend.limiter.release(tenant)]
     try:
-        pieces = _token_pieces(model) if want_logprobs else None
-        return await _respond(backend, request, req, kind, stream, include_usage, pieces, releases)
+        return await respond(request, requests, backend.submit, shape, releases)
     except ApiError as exc:
         if exc.retry_after_s is None:
             exc.retry_after_s = retry_after_for_model(model.ttft_slo_ms)
@@ -317,114 +317,14 @@ async def _admitted(backend: Backend, request: Request, model: ServedModel, req:
             release()
 
 
-TokenPieces = Callable[[int], tuple[str, bytes]]  # a token id -> its text and bytes (logprobs name each token)
-
-
 def _token_pieces(model: ServedModel) -> TokenPieces:
     piece = getattr(model.tokenizer, "token_piece", None)
     return piece if piece is not None else (lambda token_id: ("", b""))
 
 
-def _logprob_entries(pieces: TokenPieces, token_ids, logprobs) -> list:
-    return [(*pieces(t), lp) for t, lp in zip(token_ids, logprobs)]
-
-
-async def _respond(backend: Backend, request: Request, req: GenerateRequest, kind: str, stream: bool,
-                   include_usage: str | None, pieces: TokenPieces | None, releases: list):
-    completion = Completion(request_id=req.request_id, model=req.model, created_s=int(time.time()), kind=kind,
-                            num_prompt_tokens=req.num_prompt_tokens)
-    events = backend.submit(req)
-    if stream:
-        first = await _first_event(events)  # errors before the first token become a plain HTTP error
-        on_end = releases.pop()
-        return StreamingResponse(_stream(first, events, completion, include_usage, pieces, on_end),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    collect = asyncio.ensure_future(_collect(events, completion))
-    watch = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if collect not in done:
-        collect.cancel()  # the client left: closing the event stream cancels the work
-        return JSONResponse(error_body(ErrorCode.CANCELLED, "client disconnected"), 499)
-    collect.result()
-    entries = None if pieces is None else _logprob_entries(pieces, completion.token_ids, completion.logprobs)
-    return JSONResponse(final_body(completion, entries))
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.25)
-
-
-async def _first_event(events: AsyncIterator[Event]) -> Event:
-    ev = await events.__anext__()
-    if isinstance(ev, RequestFailed):
-        raise ApiError.from_info(ev.error)
-    return ev
-
-
-def _apply(completion: Completion, ev: TokenChunk) -> None:
-    completion.text_parts.append(ev.text)
-    completion.token_ids.extend(ev.token_ids)
-    if ev.logprobs:
-        completion.logprobs.extend(ev.logprobs)
-
-
-async def _collect(events: AsyncIterator[Event], completion: Completion) -> None:
-    async for ev in events:
-        if isinstance(ev, TokenChunk):
-            _apply(completion, ev)
-        elif isinstance(ev, RequestDone):
-            completion.finish_reason = ev.finish_reason
-        else:
-            raise ApiError.from_info(ev.error)
-
-
-async def _stream(first: Event, events: AsyncIterator[Event], completion: Completion, include_usage: str | None,
-                  pieces: TokenPieces | None, on_end) -> AsyncIterator[bytes]:
-    """`pieces`: the tokenizer's token texts when the request asked for logprobs (None: it did not)."""
-    is_first = True
-    # a token that ends inside a multi-byte character has no text yet: its chunk is held back, and its logprob
-    # rides on the next chunk sent (clients count tokens by logprobs; none may be lost)
-    held: list = []
-
-    async def chain() -> AsyncIterator[Event]:
-        yield first
-        async for ev in events:
-            yield ev
-
-    def with_usage(chunk: dict) -> dict:
-        return {**chunk, "usage": completion.usage()} if include_usage == "continuous" else chunk
-
-    def take_held(ev: TokenChunk | None = None) -> list | None:
-        if pieces is None:
-            return None
-        out = held + (_logprob_entries(pieces, ev.token_ids, ev.logprobs) if ev is not None and ev.logprobs else [])
-        held.clear()
-        return out or None
-
-    try:
-        async for ev in chain():
-            if isinstance(ev, TokenChunk):
-                _apply(completion, ev)
-                if ev.text or is_first:
-                    yield _sse(with_usage(chunk_body(completion, ev.text, is_first=is_first,
-                                                     logprobs=take_held(ev))))
-                    is_first = False
-                elif pieces is not None and ev.logprobs:
-                    held.extend(_logprob_entries(pieces, ev.token_ids, ev.logprobs))
-            elif isinstance(ev, RequestDone):
-                completion.finish_reason = ev.finish_reason
-                yield _sse(with_usage(chunk_body(completion, "", ev.finish_reason, is_first=is_first,
-                                                 logprobs=take_held())))
-                if include_usage:
-                    yield _sse(usage_chunk(completion))
-                yield _sse("[DONE]")
-            else:
-                yield _sse(ApiError.from_info(ev.error).body())
-                yield _sse("[DONE]")
-    finally:
-        on_end()
-        await events.aclose()  # a disconnected client cancels its work
+def _echo_prefixes(body: CompletionBody, model: ServedModel, requests: list[GenerateRequest]) -> tuple[str, ...]:
+    """The prompts' own text (a token-id prompt: its decoding)."""
+    p = body.prompt
+    prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+    return tuple(p if isinstance(p, str) else model.tokenizer.decode(list(r.prompt_token_ids))
+                 for p, r in zip(prompts, requests))

@@ -1,8 +1,8 @@
 """From an OpenAI body to a GenerateRequest: tokenise, check limits, set deadlines. Pure: time comes in."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol, Sequence
 
 from contracts import ErrorCode, GenerateRequest, SamplingParams
 
@@ -36,21 +36,32 @@ class Envelope:
     now_unix_ms: float
     reply_subject: str
     traceparent: str = ""
+    reply_subject_of: Callable[[str], str] | None = None  # a batched prompt's own reply subject, by request id
+
+    def for_prompt(self, index: int) -> "Envelope":
+        request_id = f"{self.request_id}-p{index}"
+        subject = self.reply_subject_of(request_id) if self.reply_subject_of else f"{self.reply_subject}-p{index}"
+        return replace(self, request_id=request_id, reply_subject=subject)
 
 
-def prompt_ids_of_completion(body: CompletionBody, tokenizer: Tokenizer) -> list[int]:
+MAX_BATCHED_PROMPTS = 64  # prompts in one completions body: each becomes a request of its own
+
+
+def prompt_ids_of_completion(body: CompletionBody, tokenizer: Tokenizer) -> list[list[int]]:
+    """One token-id list per prompt: a string or a token-id list is one prompt, a list of either is a batch."""
     prompt = body.prompt
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return [tokenizer.encode(prompt)]
     if not prompt:
         raise ApiError(ErrorCode.INVALID_REQUEST, "prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
-        return list(prompt)  # type: ignore[arg-type]
-    if len(prompt) != 1:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "batched prompts are not supported: send one prompt per request",
-                       "prompt")
-    only = prompt[0]
-    return tokenizer.encode(only) if isinstance(only, str) else list(only)
+        return [list(prompt)]  # type: ignore[arg-type]
+    if len(prompt) > MAX_BATCHED_PROMPTS:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"at most {MAX_BATCHED_PROMPTS} prompts in one request", "prompt")
+    if len(prompt) * body.n > MAX_BATCHED_PROMPTS:
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f"prompts x n is at most {MAX_BATCHED_PROMPTS} choices in one request", "n")
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
 
 
 def prompt_ids_of_chat(body: ChatBody, tokenizer: Tokenizer) -> list[int]:
@@ -95,18 +106,41 @@ def _check_stop_token_ids(ids: Sequence[int], model: ServedModel) -> None:
                        "stop_token_ids")
 
 
-def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: int, logprobs: bool) -> SamplingParams:
+def _check_logit_bias(pairs: Sequence[tuple[int, float]], model: ServedModel) -> None:
+    vocab = model.tokenizer.vocab_size
+    bad = next((t for t, _ in pairs if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f"logit_bias token id {bad} is outside the vocabulary of {model.name} (0 <= id < {vocab})",
+                       "logit_bias")
+
+
+def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: int, logprobs: bool,
+              top_logprobs: int) -> SamplingParams:
     _check_stop_token_ids(body.stop_token_ids or (), model)
+    bias = body.logit_bias_pairs()
+    _check_logit_bias(bias, model)
+    if body.min_tokens > max_tokens:
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        top_k=max(body.top_k or 0, 0),
         seed=body.seed,
         stop=body.stop_list(),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        n=body.n,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=bias,
+        min_p=body.min_p or 0.0,
+        min_tokens=body.min_tokens,
     )
 
 
@@ -118,11 +152,17 @@ def _request(model: ServedModel, env: Envelope, ids: list[int], sampling: Sampli
         reply_subject=env.reply_subject, traceparent=env.traceparent)
 
 
-def admit_completion(body: CompletionBody, model: ServedModel, env: Envelope) -> GenerateRequest:
-    ids = prompt_ids_of_completion(body, model.tokenizer)
-    _check_ids(ids, model)
-    max_tokens = _max_tokens(body.max_tokens, len(ids), model, "max_tokens")
-    return _request(model, env, ids, _sampling(body, model, max_tokens, bool(body.logprobs)))
+def admit_completion(body: CompletionBody, model: ServedModel, env: Envelope) -> list[GenerateRequest]:
+    """One request per prompt (a batch is served as that many requests, their choices indexed in order); the
+    first keeps the envelope's id, the others add `-p<i>`."""
+    requests = []
+    for i, ids in enumerate(prompt_ids_of_completion(body, model.tokenizer)):
+        _check_ids(ids, model)
+        max_tokens = _max_tokens(body.max_tokens, len(ids), model, "max_tokens")
+        logprobs = body.logprobs is not None
+        sampling = _sampling(body, model, max_tokens, logprobs, body.logprobs or 0)
+        requests.append(_request(model, env if i == 0 else env.for_prompt(i), ids, sampling))
+    return requests
 
 
 def admit_chat(body: ChatBody, model: ServedModel, env: Envelope) -> GenerateRequest:
@@ -130,4 +170,5 @@ def admit_chat(body: ChatBody, model: ServedModel, env: Envelope) -> GenerateReq
     _check_ids(ids, model)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(body.requested_max_tokens(), len(ids), model, param)
-    return _request(model, env, ids, _sampling(body, model, max_tokens, body.logprobs))
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    return _request(model, env, ids, _sampling(body, model, max_tokens, body.logprobs, top))

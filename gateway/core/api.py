@@ -1,15 +1,25 @@
 """The OpenAI request bodies the gateway accepts. A field the gateway does not know is accepted and ignored, as vLLM
 does (clients such as guidellm always send some of vLLM's extensions), and named in the response's
-`x-janus-ignored-fields` header and the gateway's log, so a typo is visible without failing the request. A field it
-knows but does not support (`n` > 1, penalties, `echo`) is refused with a 400 naming it. Inside a message, fields
+`x-janus-ignored-fields` header and the gateway's log, so a typo is visible without failing the request. A known
+field out of its range (docs/api.md lists them) is refused with a 400 naming it in `param`. Inside a message, fields
 stay strict: a message the gateway cannot read in full (tool calls) is refused rather than half-read."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from contracts.requests import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOP_K, SEED_LIMIT
+from contracts.requests import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_K,
+    MAX_TOP_LOGPROBS,
+    SEED_LIMIT,
+)
 
 
 def _utf8(text: str) -> str:
@@ -51,19 +61,40 @@ class _Common(_Tolerant):
     model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    n: int = Field(default=1, ge=1, le=MAX_N, description="choices, sampled from one prompt computation")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Text | list[Text] | None = None
     seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64")
-    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
-    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, description="token id -> bias in [-100, 100]")
     user: Text | None = Field(default=None, max_length=256)
     # extensions (vLLM-style)
-    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K, description="0 or -1: off")
     ignore_eos: bool = False
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0, description="1 means off")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_tokens: int = Field(default=0, ge=0, description="checked against max_tokens at admission")
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS,
                                              description="each in [0, vocabulary size); checked at admission")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if not v:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not key.strip().isdigit():
+                raise ValueError(f"keys are token ids, got {key!r}")
+            if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:
+                raise ValueError(f"biases lie in [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}], got {bias}")
+        return v
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()))
 
     @field_validator("stop")
     @classmethod
@@ -84,16 +115,31 @@ class _Common(_Tolerant):
 class CompletionBody(_Common):
     prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = Field(default=16, description="OpenAI's default for completions")
-    logprobs: int | None = Field(default=None, ge=0, le=1, description="log-probability of the chosen token")
-    echo: bool = Field(default=False)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS,
+                                 description="the chosen token's log-probability and this many alternatives")
+    echo: bool = Field(default=False, description="the prompt's text before the completion")
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N, description="equal to n: choices are not ranked")
     suffix: None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v != n:
+            raise ValueError(f"best_of must equal n ({n}): the gateway samples n choices and does not rank them")
+        return v
 
     @field_validator("echo")
     @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
+    def _echo_without_logprobs(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("logprobs") is not None:
+            raise ValueError("echo with logprobs (the prompt's log-probabilities) is not supported")
         return v
+
+    def prompt_count(self) -> int:
+        """How many prompts the body holds (a list of strings or of token-id lists is a batch)."""
+        p = self.prompt
+        return len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
 
 
 class ContentPart(_Body):
@@ -119,7 +165,14 @@ class ChatBody(_Common):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0, description="only the chosen token's logprob")
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

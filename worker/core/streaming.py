@@ -65,9 +65,14 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                   prefill_ms=max(0.0, now_unix_ms - track.started_unix_ms),
                                   first_token_unix_ms=now_unix_ms)
         track.num_output_tokens += len(out.token_ids)
+        top = getattr(out, "top_logprobs", None)
+        choice_finish = getattr(out, "choice_finish_reason", None)
         events.append(TokenChunk(request_id=track.request_id, seq=track.take_seq(), token_ids=tuple(out.token_ids),
                                  text=out.text, emitted_unix_ms=now_unix_ms, worker_id=worker_id,
-                                 logprobs=tuple(out.logprobs) if track.want_logprobs and out.logprobs else None))
+                                 logprobs=tuple(out.logprobs) if track.want_logprobs and out.logprobs else None,
+                                 top_logprobs=top if track.want_logprobs and top else None,
+                                 index=getattr(out, "index", 0),
+                                 finish_reason=choice_finish if not out.is_finished else None))
     if out.is_finished:
         track.is_finished = True
         if out.finish_reason in ("stop", "length"):

@@ -33,6 +33,7 @@ class BlockManager:
         self._free_heap: list[int] = []  # lowest ids first: keeps live blocks on few pages, so pages empty out
         self._free_set: set[int] = set()  # the truth; heap entries not in it are stale
         self._num_used_by_page: dict[int, int] = {}  # held pages only
+        self._num_extra_holders: dict[int, int] = {}  # shared blocks (n > 1): holders beyond the first
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -82,12 +83,31 @@ class BlockManager:
             self._num_used_by_page[block_id // self.blocks_per_page] += 1
         return new_ids
 
+    def share(self, block_ids: Sequence[int]) -> list[int]:
+        """One more holder for each block (the n samples of one prompt hold its full KV blocks together); a block
+        goes back only when its last holder frees it. Returns the ids, for the new holder's list."""
+        for block_id in block_ids:
+            if not self.is_allocated(block_id):
+                raise ValueError(f"block {block_id} is not allocated")
+            self._num_extra_holders[block_id] = self._num_extra_holders.get(block_id, 0) + 1
+        return list(block_ids)
+
+    def num_holders(self, block_id: int) -> int:
+        return 1 + self._num_extra_holders.get(block_id, 0) if self.is_allocated(block_id) else 0
+
     def free(self, block_ids: Sequence[int]) -> None:
         empty_pages = []
         for block_id in block_ids:
             page = block_id // self.blocks_per_page
             if page not in self._num_used_by_page or block_id in self._free_set:
                 raise ValueError(f"block {block_id} is not allocated")
+            extra = self._num_extra_holders.get(block_id, 0)
+            if extra:  # another holder keeps it
+                if extra == 1:
+                    del self._num_extra_holders[block_id]
+                else:
+                    self._num_extra_holders[block_id] = extra - 1
+                continue
             self._free_set.add(block_id)
             heapq.heappush(self._free_heap, block_id)
             self._num_used_by_page[page] -= 1

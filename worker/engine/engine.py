@@ -36,6 +36,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stop import StopStringMatcher
 from .tokenizer import IncrementalDetokenizer, TextTokenizer
+from .choices import ChoicesMixin
 from .pd import PrefillDecodeMixin
 from .verify import CanaryResult, WeightVerificationMixin
 from .weights import WeightLayout, load_checkpoint
@@ -59,7 +60,7 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> tor
     return dtype
 
 
-class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
+class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
     """A paged-KV inference engine for one Qwen2/Llama-family model in a local Hugging Face folder.
 
     `kv_source` / `weight_source` are the `worker.memory` interfaces (xTensor on a worker); when None, plain
@@ -134,7 +135,7 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
             self.block_manager, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens
         )
         self.runner = ModelRunner(self.model, self.kv_cache, null_block_id=null_block[0], device=self.device)
-        self.sampler = Sampler(self.device, cfg.seed)
+        self.sampler = Sampler(self.device, cfg.seed, self._eos_token_ids)
         self.metrics = EngineMetrics(cfg.stats_window_s)
         self.cuda_graph_error: str | None = None  # why decode runs eagerly on CUDA, if it does
         if self.device.type == "cuda":
@@ -159,6 +160,8 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         self._streams: dict[str, _TextStream] = {}
         self._held: dict[str, Sequence] = {}  # P/D: finished prefills keeping their blocks for transfer
         self._reserved: dict[str, list[int]] = {}  # P/D: blocks reserved for a decode another instance prefills
+        self._groups: dict[str, list[Sequence]] = {}  # n > 1: the client's request id -> its live samples
+        self.num_prefill_tokens_computed = 0  # since start: prompt tokens (and recomputed ones) run through the model
         self.last_logits: dict[str, torch.Tensor] = {}  # filled when config.keep_logits
         self.num_preemptions = 0
         self.last_step: StepRecord | None = None
@@ -208,12 +211,15 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         started = time.monotonic()
         with torch.inference_mode(), self._stream_context():
             sample_indices, logits = self.runner.execute(batch.seqs, batch.num_new_tokens)
-            tokens, logprobs = [], None
-            if sample_indices:
-                sampled = [batch.seqs[i] for i in sample_indices]
-                tokens, logprobs = self.sampler.sample(
-                    logits, [s.request_id for s in sampled], [s.sampling for s in sampled]
+            tokens, logprobs, top = [], None, None
+            sampled = [batch.seqs[i] for i in sample_indices]
+            if sampled:
+                with self._lock:  # forks change the scheduler's and the block manager's state
+                    sampled, logits = self._fork_pending(sampled, logits)
+                result = self.sampler.sample(
+                    logits, [s.request_id for s in sampled], [s.sampling for s in sampled], sampled
                 )
+                tokens, logprobs, top = result.token_ids, result.logprobs, result.top_logprobs
         finished_s = time.monotonic()
         with self._lock:
             num_prefill = num_decode = 0
@@ -222,12 +228,13 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
                 num_decode += num_new if is_decode else 0
                 num_prefill += 0 if is_decode else num_new
                 seq.num_computed_tokens += num_new
-            for k, i in enumerate(sample_indices):
-                seq = batch.seqs[i]
+            self.num_prefill_tokens_computed += num_prefill
+            for k, seq in enumerate(sampled):
                 if self.config.keep_logits:
                     self.last_logits[seq.request_id] = logits[k].detach().cpu()
                 try:
-                    outputs.append(self._on_token(seq, tokens[k], logprobs[k] if logprobs else None, finished_s))
+                    outputs.append(self._on_token(seq, tokens[k], logprobs[k] if logprobs else None, finished_s,
+                                                  top[k] if top else None))
                 except Exception as exc:  # noqa: BLE001 - one request's detokenising or stop matching: it alone ends
                     outputs.append(self._fail_request(seq, exc))
             self.metrics.record_step(finished_s, finished_s - started, num_prefill, num_decode)
@@ -306,6 +313,9 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
                 (seq,) = args
                 try:
                     self._register(seq)
+                    if seq.sampling.n > 1:
+                        seq.num_forks_pending = seq.sampling.n - 1
+                        self._groups[seq.request_id] = [seq]
                 except Exception as exc:  # noqa: BLE001 - this request's own setup failed: it alone ends
                     outputs.append(self._fail_request(seq, exc))
                     continue
@@ -320,12 +330,14 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         return outputs
 
     def _abort_now(self, request_id: str) -> list[EngineOutput]:
-        seq = self._seqs.get(request_id) or self._held.get(request_id)
+        group = self._groups.get(request_id)
+        seq = self._seqs.get(request_id) or self._held.get(request_id) or (group[0] if group else None)
         if seq is None:
             blocks = self._reserved.pop(request_id, None)
             if blocks:
                 self.block_manager.free(blocks)
             return []
+        self._end_group(seq)
         self._finish(seq)
         return [self._output(seq, (), "", None, "abort")]
 
@@ -342,26 +354,29 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
         self._held.pop(rid, None)
         self._streams.pop(rid, None)
         self.sampler.remove_request(rid)
-        with self._ids_lock:
-            self._live_ids.discard(rid)
+        if self._forget_member(seq):
+            with self._ids_lock:
+                self._live_ids.discard(seq.client_id)
 
     def _fail_request(self, seq: Sequence, exc: Exception) -> EngineOutput:
         """End one request whose own processing raised; the batch and the engine go on (the forward pass is
         shared, so an error there is the engine's, not a request's, and step() raises it)."""
+        self._end_group(seq)
         self._finish(seq)
         return self._output(seq, (), "", None, "error", error=f"{type(exc).__name__}: {exc}")
 
     def _output(self, seq, token_ids, text, logprobs, finish_reason, **extra) -> EngineOutput:
         return EngineOutput(
-            request_id=seq.request_id, token_ids=tuple(token_ids), text=text, logprobs=logprobs,
-            is_finished=finish_reason is not None, finish_reason=finish_reason,
+            request_id=seq.client_id, token_ids=tuple(token_ids), text=text, logprobs=logprobs,
+            is_finished=finish_reason is not None, finish_reason=finish_reason, index=seq.index,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, **extra,
         )
 
     def _is_stop_token(self, token: int, sampling: SamplingParams) -> bool:
         return token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos_token_ids)
 
-    def _on_token(self, seq: Sequence, token: int, logprob: float | None, now: float) -> EngineOutput:
+    def _on_token(self, seq: Sequence, token: int, logprob: float | None, now: float,
+                  top: tuple[tuple[int, float], ...] | None = None) -> EngineOutput:
         sp = seq.sampling
         seq.token_ids.append(token)
         if seq.first_token_s is None:
@@ -385,13 +400,16 @@ class LLMEngine(PrefillDecodeMixin, WeightVerificationMixin):
             if stream.stop.is_stopped:
                 finish_reason = "stop"
         logprobs = (logprob,) if sp.logprobs and logprob is not None else None
+        extra = {"top_logprobs": (top,)} if sp.logprobs and sp.top_logprobs and top is not None else {}
         if finish_reason is not None:
             self._record_tpot(seq, now)
+            request_finish = self._group_end(seq, finish_reason)
             self._finish(seq)
-            return self._output(seq, (token,), text, logprobs, finish_reason)
+            return self._output(seq, (token,), text, logprobs, request_finish, choice_finish_reason=finish_reason,
+                                **extra)
         if seq.is_prefill_only:
-            return self._hold(seq, token, text, logprobs)
-        return self._output(seq, (token,), text, logprobs, None)
+            return self._hold(seq, token, text, logprobs, **extra)
+        return self._output(seq, (token,), text, logprobs, None, **extra)
 
     def _record_tpot(self, seq: Sequence, now: float) -> None:
         num_sampled = seq.num_output_tokens - seq.num_inherited_output_tokens
@@ -415,6 +433,8 @@ def _check_sampling(sampling: SamplingParams, vocab: int) -> None:
         raise ValueError(f"stop token ids must lie in [0, {vocab})")
     if any(len(s) > MAX_STOP_STRING_CHARS for s in sampling.stop):
         raise ValueError(f"a stop string has at most {MAX_STOP_STRING_CHARS} characters")
+    if any(not 0 <= t < vocab for t, _ in sampling.logit_bias):
+        raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
 
 
 class _NullContext:

@@ -116,6 +116,11 @@ class PagedKVCache:
         start = self.block_byte_offset(block_id)
         return self.raw[start : start + self.block_num_bytes]
 
+    def copy_block(self, src_block_id: int, dst_block_id: int) -> None:
+        """Copy one block's KV (all layers, K and V) on the device: a forked sample's own copy of a partly filled
+        prompt block, which its decode then writes into."""
+        self._block_bytes(dst_block_id).copy_(self._block_bytes(src_block_id))
+
     def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
         """A CPU uint8 copy `[len(block_ids), block_num_bytes]` of the blocks' raw bytes."""
         out = torch.empty((len(block_ids), self.block_num_bytes), dtype=torch.uint8)

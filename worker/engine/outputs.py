@@ -33,6 +33,9 @@ class EngineOutput:
     is_prefill_done: bool = False
     kv_block_ids: tuple[int, ...] | None = None
     error: str | None = None  # finish_reason "error": what failed while serving this request (it alone ended)
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # per token: (id, logprob) alternatives
+    index: int = 0  # n > 1: which sample (choice) of the request
+    choice_finish_reason: FinishReason | None = None  # this sample ended (the request only once all have)
 
 
 @dataclass(frozen=True)

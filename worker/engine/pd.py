@@ -30,15 +30,21 @@ from .outputs import EngineOutput
 from .sequence import Sequence, SequenceStatus
 
 
+def _colocated_only(sampling: SamplingParams) -> None:
+    if sampling.n > 1:
+        raise ValueError("n > 1 is served by colocated instances only (its samples share the prompt's KV blocks)")
+
+
 class PrefillDecodeMixin:
     # ---- prefill side -------------------------------------------------------------------------------------
     def add_prefill_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams) -> None:
         """Queue a prefill-only request: it computes the prompt's KV and samples the first token, then holds its
         blocks (`EngineOutput.is_prefill_done`, `kv_block_ids`) until `release_kv_blocks(request_id)`."""
+        _colocated_only(sampling)
         seq = self._new_sequence(request_id, prompt_token_ids, sampling, is_prefill_only=True)
         self._inbox.append(("add", seq))
 
-    def _hold(self, seq: Sequence, token: int, text: str, logprobs) -> EngineOutput:
+    def _hold(self, seq: Sequence, token: int, text: str, logprobs, **extra) -> EngineOutput:
         rid = seq.request_id
         self.scheduler.remove(seq)
         seq.status = SequenceStatus.HELD
@@ -47,7 +53,7 @@ class PrefillDecodeMixin:
         self._streams.pop(rid, None)
         self.sampler.remove_request(rid)
         return self._output(seq, (token,), text, logprobs, None, is_prefill_done=True,
-                            kv_block_ids=tuple(seq.block_ids))
+                            kv_block_ids=tuple(seq.block_ids), **extra)
 
     def release_kv_blocks(self, request_id: str) -> None:
         """Free a held prefill's blocks (after the transfer) or an unused reservation. Unknown ids are ignored."""
@@ -86,6 +92,7 @@ class PrefillDecodeMixin:
     ) -> None:
         """Continue a request whose prompt KV another instance wrote into `block_ids` (as returned by
         `reserve_kv_blocks` for this request) and whose first token it sampled."""
+        _colocated_only(sampling)
         prompt = self._validate(request_id, prompt_token_ids, sampling)
         if not 0 <= int(first_token_id) < self.model_config.vocab_size:
             raise ValueError("first_token_id is outside the vocabulary")

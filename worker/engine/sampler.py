@@ -1,5 +1,6 @@
-"""Token choice for a batch of requests: greedy, temperature, top-k, top-p, per-request seeds, and the
-log-probability of each chosen token.
+"""Token choice for a batch of requests: the request's logits processors (min_tokens, logit_bias, penalties:
+logits_processors.py), then greedy, or temperature, min-p, top-k, top-p and a draw; per-request seeds; the
+log-probability of each chosen token and, when asked, the top alternatives.
 
 A request with a seed draws from its own generator, so its output does not depend on what else shares the batch;
 requests without one share the engine's generator. Log-probabilities are those of the model's distribution
@@ -7,16 +8,29 @@ requests without one share the engine's generator. Log-probabilities are those o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from contracts.requests import SamplingParams
 
+from .logits_processors import History, process_logits
+
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None  # of each chosen token; None when no row asked
+    top_logprobs: list[TopLogprobs] | None  # each row's `top_logprobs` alternatives; None when no row asked
+
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, device: torch.device, seed: int = 0, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.device = device
+        self.eos_token_ids = eos_token_ids
         self._shared_generator = torch.Generator(device=device)
         self._shared_generator.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
@@ -45,11 +59,15 @@ class Sampler:
         self._generators.pop(request_id, None)
 
     def sample(
-        self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams]
-    ) -> tuple[list[int], list[float] | None]:
-        """logits: [N, vocab] float32, one row per request. Returns (token ids, their log-probabilities or None
-        when no request asked for them)."""
+        self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
+        histories: Sequence[History] | None = None,
+    ) -> SampleResult:
+        """logits: [N, vocab] float32, one row per request; `histories`: each row's tokens so far (needed by
+        min_tokens and the penalties; without them those are not applied)."""
         num_rows = logits.shape[0]
+        raw = logits
+        if histories is not None:
+            logits = process_logits(logits, params, histories, self.eos_token_ids)
         is_greedy = [_is_greedy(p) for p in params]
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i in range(num_rows) if not is_greedy[i]]
@@ -64,18 +82,29 @@ class Sampler:
                 if generator is not None:
                     chosen[j] = torch.multinomial(probs[j], 1, generator=generator)[0]
             tokens[random_rows] = chosen
-        logprobs = None
+        logprobs = top = None
         if any(p.logprobs for p in params):
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
-        return tokens.tolist(), logprobs
+            # of the model's own distribution (vLLM's default, raw logprobs): before penalties and truncation
+            log_probs = torch.log_softmax(raw, dim=-1)
+            logprobs = log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()
+            k_max = max(p.top_logprobs for p in params)
+            if k_max:
+                values, ids = log_probs.topk(min(k_max, raw.shape[-1]), dim=-1)
+                values, ids = values.tolist(), ids.tolist()
+                top = [tuple(zip(ids[i][: p.top_logprobs], values[i][: p.top_logprobs])) for i, p in enumerate(params)]
+        return SampleResult(tokens.tolist(), logprobs, top)
 
     @staticmethod
     def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-        """Temperature, then top-k, then top-p (the order transformers and vLLM use), then softmax."""
+        """Temperature, then min-p, top-k, top-p (vLLM's order), then softmax."""
         device = logits.device
         vocab = logits.shape[-1]
         temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
         x = logits / temperatures[:, None]
+        if any(p.min_p > 0.0 for p in params):
+            probs = x.softmax(dim=-1)
+            min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=device)[:, None]
+            x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
         top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
         if any(top_ks):
             k_max = max(top_ks)

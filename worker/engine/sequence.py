@@ -37,6 +37,15 @@ class Sequence:
     num_preemptions: int = 0
     # Output tokens that exist before this engine's first sample (P/D decode: the prefill instance's first token).
     num_inherited_output_tokens: int = 0
+    # n > 1: the samples of one request are sequences of one group. The first (index 0, its request_id the client's)
+    # computes the prompt; when it samples its first token, the others are forked from it (choices.py).
+    group_id: str = ""  # the client's request id ("" for index 0: request_id is)
+    index: int = 0
+    num_forks_pending: int = 0
+
+    @property
+    def client_id(self) -> str:
+        return self.group_id or self.request_id
 
     @property
     def num_tokens(self) -> int:

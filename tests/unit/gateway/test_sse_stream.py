@@ -5,8 +5,8 @@ import json
 import pytest
 
 from contracts import RequestDone, TokenChunk
-from gateway.app import _stream
 from gateway.core.responses import Completion
+from gateway.respond import Shape, _stream
 
 
 def _chunk(seq: int, token: int, text: str, logprob: float) -> TokenChunk:
@@ -17,12 +17,13 @@ def _chunk(seq: int, token: int, text: str, logprob: float) -> TokenChunk:
 async def _body(events, kind: str, want_logprobs: bool) -> list[dict]:
     async def rest():
         for ev in events[1:]:
-            yield ev
+            yield 0, ev
 
     completion = Completion(request_id="r", model="m", created_s=0, kind=kind, num_prompt_tokens=3)
     out = []
     pieces = (lambda t: (f"t{t}", f"t{t}".encode())) if want_logprobs else None
-    async for raw in _stream(events[0], rest(), completion, None, pieces, lambda: None):
+    shape = Shape(kind=kind, stream=True, include_usage=None, pieces=pieces)
+    async for raw in _stream((0, events[0]), rest(), completion, shape, lambda: None):
         data = raw.decode().removeprefix("data: ").strip()
         if data != "[DONE]":
             out.append(json.loads(data))
