@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .settings import JanusSettings, load_cluster_config
+from .settings import JanusSettings
 
 # Commands whose implementation lives with its package: name -> "module:function(argv) -> int"
 DELEGATED = {
@@ -36,9 +36,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .service import configure_logging, run_service
     from .services import load_service_class
 
+    from .effective import load_cluster
+    from .preflight import check_checkpoints
+
     settings = _settings(args)
+    cluster = load_cluster(settings.config)  # a mistake: one line naming the YAML path, exit 2 (main)
+    if args.service == "worker":  # the one that loads checkpoints: refused before it opens a device or NATS
+        check_checkpoints(cluster, settings.models_dir, str(settings.config or "default cluster config"))
     configure_logging(settings.log_level)
-    cluster = load_cluster_config(settings.config)
     cls = load_service_class(args.service)
     kwargs = {}
     if args.service == "gateway" and args.port is not None:
@@ -53,11 +58,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from .effective import load_cluster
     from .launcher import is_profiling_skipped, profile_on_first_start, run_up
+    from .preflight import check_checkpoints
     from .service import configure_logging
 
     settings = _settings(args)
     configure_logging("WARNING")
     cluster = load_cluster(settings.config)  # a mistake: one line naming the YAML path, exit 2 (main)
+    # files, architecture and page fit of each checkpoint, before any process (or the state dir) is made
+    check_checkpoints(cluster, settings.models_dir, str(settings.config or "default cluster config"))
     if args.nats_nodes > 1 and cluster.jetstream_replicas == 1:
         cluster = cluster.model_copy(update={"jetstream_replicas": min(3, args.nats_nodes)})
     if not (args.no_profile or is_profiling_skipped()):

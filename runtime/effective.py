@@ -14,7 +14,9 @@ so importing `runtime` never loads a service package (nor the planner core's pac
 
 `load_cluster` is the checked loader: every mistake in the YAML (missing file, bad YAML, a value out of range, an
 unknown key, in the cluster or in a policy) is a `ConfigError` whose message is one line naming the file and the
-YAML path, e.g. `cluster.yaml: planner.elastic.max_num_replicas: Input should be greater than or equal to 1`.
+YAML path and the offending value, e.g.
+`cluster.yaml: planner.elastic.max_num_replicas: Input should be greater than or equal to 1 (got 0)`; a misspelt key
+names the keys it may have meant (`workers.cont: Extra inputs are not permitted (did you mean 'count'?)`).
 """
 from __future__ import annotations
 
@@ -83,26 +85,62 @@ def load_cluster(path: Path | None, *, check_policies: bool = True) -> ClusterCo
     try:
         cluster = ClusterConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{where}: {_describe(e)}") from None
+        raise ConfigError(f"{where}: {_describe(e, root=ClusterConfig)}") from None
     if check_policies:
         for section, cls in _policy_classes().items():
             try:
                 cls(**getattr(cluster, section))
             except ValidationError as e:
-                raise ConfigError(f"{where}: {_describe(e, prefix=(section,))}") from None
+                raise ConfigError(f"{where}: {_describe(e, prefix=(section,), root=cls)}") from None
             except TypeError as e:  # a non-string key (e.g. `planner: {1: 2}`) cannot be a keyword argument
                 raise ConfigError(f"{where}: {section}: {e}") from None
     return cluster
 
 
-def _describe(error: Any, prefix: tuple = ()) -> str:
-    """Pydantic's errors as one line: `a.b[0].c: message; ...`."""
+def _describe(error: Any, prefix: tuple = (), root: type | None = None) -> str:
+    """Pydantic's errors as one line: `a.b[0].c: message (got VALUE); ...`; an unknown key of `root`'s tree also
+    names the keys it may have meant."""
     parts = []
     for err in error.errors(include_url=False):
-        loc = _dotted(prefix + tuple(err.get("loc", ())))
+        loc = tuple(err.get("loc", ()))
         msg = " ".join(str(err.get("msg", "invalid")).split())
-        parts.append(f"{loc}: {msg}" if loc else msg)
+        if err.get("type") == "extra_forbidden":
+            msg += _did_you_mean(root, loc)
+        elif err.get("type") != "missing" and "input" in err:
+            msg += f" (got {_short(err['input'])})"
+        where = _dotted(prefix + loc)
+        parts.append(f"{where}: {msg}" if where else msg)
     return "; ".join(parts) or " ".join(str(error).split())
+
+
+_VALUE_MAX_CHARS = 60
+
+
+def _short(value: Any) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= _VALUE_MAX_CHARS else text[:_VALUE_MAX_CHARS - 3] + "..."
+
+
+def _did_you_mean(root: type | None, loc: tuple) -> str:
+    """` (did you mean 'count'?)` for a misspelt key, from the fields of the model at loc[:-1] under `root`."""
+    import difflib
+    import typing
+
+    from pydantic import BaseModel
+
+    model = root
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue  # a list element: the model found for the list's items stays
+        field = model.model_fields.get(str(part))
+        model = None
+        if field is not None:
+            candidates = [field.annotation, *typing.get_args(field.annotation)]
+            model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    if model is None or not loc:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def _dotted(loc: tuple) -> str:

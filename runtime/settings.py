@@ -1,6 +1,7 @@
 """Settings: a cluster YAML (what runs: models, workers, policies) plus JANUS_* environment overrides.
 
-Policy knobs are frozen models with the paper's defaults; nothing here does I/O except `load_cluster_config`.
+Policy knobs are frozen models with the paper's defaults; nothing here does I/O (`load_cluster_config` hands the
+file to runtime/effective.py: load_cluster).
 """
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -111,10 +111,8 @@ class JanusSettings(BaseSettings):
 
 
 def load_cluster_config(path: Path | None) -> ClusterConfig:
-    if path is None:
-        return ClusterConfig()
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise SystemExit(f"cluster config {path} not found") from None
-    return ClusterConfig.model_validate(data)
+    """The checked loader (runtime/effective.py: load_cluster): a mistake is a ConfigError of one line naming the
+    YAML path and the offending value."""
+    from .effective import load_cluster
+
+    return load_cluster(path)

@@ -201,14 +201,15 @@ def test_subprocess_mistake_exits_2_without_a_traceback(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip() == (f"janus config: {path}: planner.elastic.max_num_replicas: "
-                                     "Input should be greater than or equal to 1")
+                                     "Input should be greater than or equal to 1 (got 0)")
 
 
 def test_janus_up_refuses_a_bad_config_the_same_way_before_starting_anything(tmp_path):
     path = _write(tmp_path, "dispatcher: {window_z: 3}\n")
     result = _janus("up", "--config", str(path), "--state-dir", str(tmp_path / "state"))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"janus up: {path}: dispatcher.window_z: Extra inputs are not permitted"
+    assert result.stderr.strip() == (f"janus up: {path}: dispatcher.window_z: Extra inputs are not permitted "
+                                     "(did you mean 'window_s'?)")
     assert not (tmp_path / "state").exists()
 
 
