@@ -8,7 +8,7 @@ setup:
 	@./scripts/setup.sh
 
 up: setup
-	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),) $(UP_ARGS)
+	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),) $(if $(PORT),--port $(PORT),) $(UP_ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
