@@ -87,7 +87,7 @@ class _Common(_Tolerant):
         if len(v) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
         for key, bias in v.items():
-            if not key.strip().isdigit():
+            if not (key.strip().isascii() and key.strip().isdigit()):
                 raise ValueError(f"keys are token ids, got {key!r}")
             if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:
                 raise ValueError(f"biases lie in [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}], got {bias}")

@@ -68,7 +68,7 @@ async def test_without_it_only_the_final_chunk_has_usage(backend):  # noqa: F811
 
 @pytest.mark.parametrize("field, value", [("n", 17), ("best_of", 3), ("presence_penalty", 2.5),
                                           ("frequency_penalty", -3), ("repetition_penalty", 0), ("min_p", 1.5),
-                                          ("min_tokens", -1), ("logit_bias", {"5": 101}), ("logit_bias", {"a": 1}),
+                                          ("min_tokens", -1), ("logit_bias", {"5": 101}), ("logit_bias", {"a": 1}), ("logit_bias", {"²": 1}),
                                           ("logprobs", 21), ("top_k", -2)])
 async def test_known_fields_out_of_range_are_a_400_naming_them(backend, field, value):  # noqa: F811
     r = await _post(backend, {**BASE, field: value})
