@@ -20,6 +20,14 @@ COPY sim sim
 RUN pip install --no-cache-dir ".[cpu]"
 COPY deploy/cluster.docker.yaml /etc/janus/cluster.yaml
 
-ENV JANUS_STATE_DIR=/var/lib/janus JANUS_CONFIG=/etc/janus/cluster.yaml PYTHONUNBUFFERED=1
+# Non-root: a fixed uid (10001, what deploy/k8s runs as) that owns only the state directory; a named volume mounted
+# there takes its ownership. HOME in /tmp: libraries that cache (torch, transformers) write there, which also works
+# on a read-only root filesystem with /tmp mounted writable (deploy/k8s).
+RUN groupadd --gid 10001 janus && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin janus \
+    && mkdir -p /var/lib/janus && chown 10001:10001 /var/lib/janus
+USER 10001:10001
+
+ENV JANUS_STATE_DIR=/var/lib/janus JANUS_CONFIG=/etc/janus/cluster.yaml PYTHONUNBUFFERED=1 HOME=/tmp \
+    PYTHONDONTWRITEBYTECODE=1
 ENTRYPOINT []
 CMD ["janus", "--help"]

@@ -168,14 +168,16 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_nats_config(args: argparse.Namespace) -> int:
-    from .security import load_or_create_credentials, write_nats_config
+    from .security import load_or_create_credentials, write_nats_config, write_password_env
 
     out = Path(args.out)
-    creds = load_or_create_credentials(out / "credentials.json")
+    creds = load_or_create_credentials(out / "credentials.json")  # kept: a second run rewrites the same passwords
     conf = write_nats_config(out / "nats.conf", creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_ca=args.tls_ca)
-    print(f"wrote {conf} (include it in each NATS server's configuration) and {out / 'credentials.json'} "
-          "(give each service its own user: JANUS_NATS_USER / JANUS_NATS_PASSWORD); both are mode 0600")
+    env = write_password_env(out / "passwords.env", creds)
+    print(f"wrote {conf} (include it in each NATS server's configuration), {out / 'credentials.json'} and {env} "
+          "(give each service its own user: JANUS_NATS_USER / JANUS_NATS_PASSWORD; passwords.env is what "
+          "deploy/k8s makes its Secret of); all are mode 0600")
     return 0
 
 

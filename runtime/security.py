@@ -3,7 +3,8 @@
 Each service may publish and subscribe only where its job needs: a worker cannot publish plans, a gateway cannot
 command workers, nobody but the reconciler sends lifecycle commands. Replies to requests a service received are
 allowed through `allow_responses`. `janus up` generates fresh passwords per cluster (kept in the state directory,
-mode 0600) and hands each service its own; `janus nats-config` writes the same for a production NATS cluster.
+mode 0600) and hands each service its own; `janus nats-config` writes the same for a production NATS cluster (and a
+`passwords.env` a Kubernetes Secret is generated from).
 """
 from __future__ import annotations
 
@@ -148,6 +149,12 @@ def write_nats_config(path: Path, credentials: dict[str, str], *, tls_cert: Path
         parts.append(f"tls {{\n  cert_file: {json.dumps(str(tls_cert))}\n  key_file: {json.dumps(str(tls_key))}"
                      f"{ca}\n}}\n")
     return write_private(path, "\n".join(parts))
+
+
+def write_password_env(path: Path, credentials: dict[str, str]) -> Path:
+    """`user=password` lines (0600): what a Kubernetes Secret is made of (kustomize `secretGenerator: envs:`,
+    deploy/k8s/base/kustomization.yaml); each deployment reads its own key as JANUS_NATS_PASSWORD."""
+    return write_private(path, "".join(f"{user}={credentials[user]}\n" for user in SERVICE_PERMISSIONS))
 
 
 def user_for_service(service: str) -> str:
