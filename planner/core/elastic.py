@@ -173,6 +173,7 @@ class ElasticScaler:
 
         notes: list[str] = []
         held: set[str] = set()
+        rushed: set[str] = set()
         applied = raw
         if p.is_debounced:
             applied, held = self._debouncer.step(raw)
@@ -181,6 +182,8 @@ class ElasticScaler:
                 applied, held = raw, set()
                 self._debouncer.force(raw)
                 notes.append("budget shrank: applied without debounce")
+            applied, rushed = self._rush_queued(applied, raw, loads, tp, budget_devices)
+            held -= rushed
         used = sum(num_devices(v) * tp[m] for m, v in applied.items())
         # A model's first instance is not held back: without one, each of its requests waits (or is turned away).
         # The debounce holds changes of a count; a model going from none to some gets one at once, the rest when
@@ -203,7 +206,8 @@ class ElasticScaler:
                 num_devices_per_instance=tp[m],
                 prediction=searches[m].prediction if m in searches else None,
                 reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
-                                m in banded, m in held_up, kept_alive.get(m, "")),
+                                m in banded, m in held_up, kept_alive.get(m, ""),
+                                loads[m].queue_depth if m in rushed else None),
             )
             for m in models
         )
@@ -230,6 +234,37 @@ class ElasticScaler:
             is_observe_only=self.is_observe_only,
         )
         return ElasticDecision(plan, searches, tuple(sorted(held)))
+
+    def _rush_queued(self, applied: dict[str, PD], raw: Mapping[str, PD], loads: Mapping[str, ModelLoadWindow],
+                     tp: Mapping[str, int], budget_devices: int) -> tuple[dict[str, PD], set[str]]:
+        """A debounced scale-out goes through at once for a model whose dispatchers hold at least
+        `scale_out_queue_per_instance` queued requests per instance it has: the debounce guards against a noisy rate,
+        and a queue is the count being short now (each plan's backlog term moves as requests are dispatched, so two
+        plans in a row rarely agree while it drains). Most queued per instance first, within the budget. Returns
+        the counts and the models rushed."""
+        per_instance = self.policy.scale_out_queue_per_instance
+        if per_instance <= 0:
+            return applied, set()
+
+        def queued_per_instance(m: str) -> float:
+            return loads[m].queue_depth / max(1, num_devices(applied[m]))
+
+        wanting = [m for m in raw if m in loads and num_devices(raw[m]) > num_devices(applied[m])
+                   and all(r >= a for r, a in zip(raw[m], applied[m]))
+                   and loads[m].queue_depth > 0 and queued_per_instance(m) >= per_instance]
+        if not wanting:
+            return applied, set()
+        out = dict(applied)
+        used = sum(num_devices(v) * tp[m] for m, v in out.items())
+        rushed = set()
+        for m in sorted(wanting, key=lambda m: (-queued_per_instance(m), m)):
+            extra = (num_devices(raw[m]) - num_devices(out[m])) * tp[m]
+            if used + extra <= budget_devices:
+                out[m], used = raw[m], used + extra
+                rushed.add(m)
+        if rushed:
+            self._debouncer.force(out)
+        return out, rushed
 
     def _keep_alive(self, now_ms: float, desired: dict[str, int], loads: Mapping[str, ModelLoadWindow],
                     in_flight: Mapping[str, int]) -> dict[str, str]:
@@ -305,7 +340,7 @@ class ElasticScaler:
         return raised
 
     def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False,
-             is_held_up=False, kept_alive="") -> str:
+             is_held_up=False, kept_alive="", rushed_queue_depth: int | None = None) -> str:
         p = self.policy
         if search is None:
             why = "no traffic"
@@ -334,6 +369,8 @@ class ElasticScaler:
         if allotted < desired:
             why += f"; scaled down {desired} -> {allotted} (budget)"
         why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")
+        if rushed_queue_depth is not None:
+            why += f"; at once, not debounced: {rushed_queue_depth} queued at the dispatchers"
         if is_held:
             why += f"; held at {applied[0]}/{applied[1]}: the last two plans disagree"
         elif applied != raw and num_devices(applied) == 1:

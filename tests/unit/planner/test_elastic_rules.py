@@ -119,3 +119,48 @@ def test_a_models_first_instance_is_not_held_back_by_the_debounce():
     second = _target(scaler.tick(500.0, ["m"], 100).plan, "m")
     assert second.num_prefill == second.desired_replicas, "two plans agree: the rest"
     assert _target(ElasticScaler(TableOracle(), bare_elastic()).tick(0.0, ["m"], 0).plan, "m").num_prefill == 0
+
+
+# ------------------------------------------------------------------------------- a queue skips the debounce
+def _flapping_burst(scaler, queue_depths):
+    """One model already at one instance; each tick the rate alone asks for one and the queue for more (the
+    backlog term), then less as the queue drains: the proposals flap as they did on the simulator's seed 2."""
+    plans = []
+    for i, queue in enumerate(queue_depths):
+        now_ms = 1_000.0 + 500.0 * i
+        scaler.observe(window("m", 1.0, now_ms).model_copy(update={"queue_depth": queue}))
+        plans.append(_target(scaler.tick(now_ms, ["m"], 100).plan, "m"))
+    return plans
+
+
+def _settled_at_one(policy):
+    scaler = ElasticScaler(TableOracle(per_replica_tps=2_000.0), policy)  # the rate alone asks for one
+    scaler.observe(window("m", 1.0, 0.0))
+    for now_ms in (0.0, 500.0):
+        assert _count(scaler.tick(now_ms, ["m"], 100).plan, "m") == 1
+    return scaler
+
+
+def test_a_queue_per_instance_scales_out_at_once_instead_of_waiting_for_two_plans():
+    knobs = dict(backlog_drain_s=1.0, min_num_disaggregated=100)
+    debounced = _flapping_burst(_settled_at_one(bare_elastic(**knobs, scale_out_queue_per_instance=0.0)),
+                                [6, 0, 6, 0])
+    assert [t.num_prefill for t in debounced] == [1, 1, 1, 1], "the debounce alone holds one instance"
+    assert debounced[0].desired_replicas > 1
+    rushed = _flapping_burst(_settled_at_one(bare_elastic(**knobs)), [6, 0, 6, 0])
+    assert rushed[0].num_prefill == rushed[0].desired_replicas > 1, "6 queued on one instance: out at once"
+    assert "at once, not debounced: 6 queued" in rushed[0].reason
+
+
+def test_a_short_queue_for_the_count_stays_debounced():
+    scaler = _settled_at_one(bare_elastic(backlog_drain_s=1.0, min_num_disaggregated=100,
+                                          scale_out_queue_per_instance=8.0))
+    first = _flapping_burst(scaler, [6])[0]
+    assert first.desired_replicas > 1 and first.num_prefill == 1, "6 queued < 8 per instance: debounced"
+
+
+def test_a_rushed_scale_out_stays_within_the_budget():
+    scaler = _settled_at_one(bare_elastic(backlog_drain_s=1.0, min_num_disaggregated=100))
+    scaler.observe(window("m", 1.0, 1_000.0).model_copy(update={"queue_depth": 40}))
+    plan = scaler.tick(1_000.0, ["m"], 3).plan
+    assert plan.num_devices_used <= 3 and _count(plan, "m") <= 3
