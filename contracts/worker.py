@@ -94,6 +94,7 @@ class DeviceInfo(Message):
     kind: Literal["cpu", "cuda", "npu"]
     name: str
     hbm_bytes: int = Field(ge=0)
+    device: str = Field(default="", description="the device the worker opened, e.g. cuda:3 (one per worker)")
 
 
 class WorkerHeartbeat(Message):

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .settings import JanusSettings
+from .settings import DEVICE_ENV, JanusSettings
 
 # Commands whose implementation lives with its package: name -> "module:function(argv) -> int"
 DELEGATED = {
@@ -50,6 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kwargs["port"] = args.port
     if args.service == "worker":
         kwargs["worker_id"] = settings.instance
+        kwargs["device"] = args.device or os.environ.get(DEVICE_ENV) or None  # `janus up` sets one per worker
     service = cls(settings, cluster, **kwargs)
     asyncio.run(run_service(service))
     return 0
@@ -57,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from .effective import load_cluster
-    from .launcher import is_profiling_skipped, profile_on_first_start, run_up
+    from .launcher import dry_run_lines, is_profiling_skipped, profile_on_first_start, run_up, worker_devices
     from .preflight import check_checkpoints
     from .service import configure_logging
 
@@ -68,6 +69,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     check_checkpoints(cluster, settings.models_dir, str(settings.config or "default cluster config"))
     if args.nats_nodes > 1 and cluster.jetstream_replicas == 1:
         cluster = cluster.model_copy(update={"jetstream_replicas": min(3, args.nats_nodes)})
+    devices = worker_devices(cluster, args.workers or cluster.workers.count)  # ConfigError: one line, exit 2
+    if args.dry_run:
+        port = cluster.gateway.port if args.port is None else args.port
+        print("\n".join(dry_run_lines(cluster, devices, port, args.nats_nodes)), flush=True)
+        return 0
     if not (args.no_profile or is_profiling_skipped()):
         try:
             profile_on_first_start(settings, cluster)
@@ -204,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, help="number of worker processes")
     up.add_argument("--state-dir", type=Path, help="where models, NATS data and logs go (default .janus)")
     up.add_argument("--nats-nodes", type=int, default=1, help="run NATS as a cluster of this many nodes")
+    up.add_argument("--dry-run", action="store_true", help="print the processes it would start (ids, devices, "
+                    "addresses) and exit without starting any")
     up.add_argument("--no-profile", action="store_true",
                     help="do not profile the demo models that have no oracle training set yet (also: "
                          "JANUS_NO_PROFILE=1); their oracle answers from the roofline")
@@ -235,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path)
     serve.add_argument("--id", help="instance name (worker id for workers)")
     serve.add_argument("--port", type=int, help="gateway HTTP port")
+    serve.add_argument("--device", help=f"a worker's device, e.g. cuda:3 (default ${DEVICE_ENV}, else "
+                       "workers.device)")
     serve.add_argument("--state-dir", type=Path)
     serve.set_defaults(fn=cmd_serve)
 

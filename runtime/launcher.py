@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from .nats_server import EmbeddedNats, NatsServerError
 from .restart_budget import RestartBudget, RestartPolicy
 from .security import load_or_create_credentials, user_for_service, write_nats_config, write_private
 from .services import available_services
-from .settings import ClusterConfig, JanusSettings, ModelSpec
+from .settings import DEVICE_ENV, ClusterConfig, JanusSettings, ModelSpec, shared_accelerators
 
 log = logging.getLogger("janus.up")
 
@@ -66,6 +67,7 @@ class Child(Supervised):
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
     extra: dict = field(default_factory=dict)
+    device: str = ""  # a worker's own device (JANUS_DEVICE in its environment); "" for other services
 
     @property
     def name(self) -> str:
@@ -107,6 +109,7 @@ class Cluster:
         write_private(self.config_path, yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False))
         self.gateway_port = cluster.gateway.port if gateway_port is None else gateway_port
         self.num_workers = num_workers or cluster.workers.count
+        self.worker_devices = worker_devices(cluster, self.num_workers)
         # every service gets its own NATS user, allowed only the subjects its job needs (runtime/security.py)
         self.credentials = load_or_create_credentials(self.state_dir / "credentials.json")
         nats_conf = write_nats_config(self.state_dir / "nats.conf", self.credentials)
@@ -122,30 +125,24 @@ class Cluster:
         return args + ["--config", str(self.config_path)] + (extra or [])
 
     def plan_children(self) -> list[Child]:
-        services = available_services()
-        children = []
+        return [dataclasses.replace(child, budget=RestartBudget(self.restart_policy),
+                                    args=self._serve_args(child.service, child.instance, child.args))
+                for child in planned_children(self.cluster, self.worker_devices, self.gateway_port)]
 
-        def add(service: str, instance: str, extra: list[str] | None = None) -> None:
-            children.append(Child(service=service, instance=instance, args=self._serve_args(service, instance, extra),
-                                  budget=RestartBudget(self.restart_policy)))
-
-        for i in range(self.num_workers):
-            add("worker", f"worker-{i}")
-        for name in services:
-            if name in ("worker", "gateway"):
-                continue
-            for i in range(self.cluster.replicas.get(name, 1)):
-                add(name, f"{name}-{i}")
-        add("gateway", "gateway-0", ["--port", str(self.gateway_port)])
-        return children
+    def child_env(self, child: Child) -> dict[str, str]:
+        """A child's environment: its own NATS user, and a worker its own device."""
+        user = user_for_service(child.service)
+        env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1", JANUS_NATS_USER=user,
+                   JANUS_NATS_PASSWORD=self.credentials[user])
+        if child.device:
+            env[DEVICE_ENV] = child.device
+        return env
 
     def spawn(self, child: Child) -> None:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child.log_path = logs / f"{child.instance}.log"
-        user = user_for_service(child.service)
-        env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1", JANUS_NATS_USER=user,
-                   JANUS_NATS_PASSWORD=self.credentials[user])
+        env = self.child_env(child)
         with open(child.log_path, "ab") as out:
             child.proc = subprocess.Popen(child.args, stdout=out, stderr=subprocess.STDOUT, env=env,
                                           preexec_fn=_die_with_parent)
@@ -282,6 +279,49 @@ class Cluster:
                 child.proc.wait()
         for node in self.nats_nodes:
             node.stop()
+
+
+def worker_devices(cluster: ClusterConfig, num_workers: int) -> list[str]:
+    """Each worker's device for `num_workers` workers (`janus up --workers` may differ from workers.count); a
+    ConfigError (one line) when the number does not fit workers.devices or puts two workers on one accelerator."""
+    from .effective import ConfigError
+
+    try:
+        devices = cluster.workers.devices_for(num_workers)
+    except ValueError as exc:
+        raise ConfigError(f"--workers: {exc}") from None
+    shared = shared_accelerators(devices)
+    if shared and not cluster.workers.share_devices:
+        raise ConfigError(f"--workers {num_workers} puts {shared} (workers.device {cluster.workers.device}); set "
+                          "workers.share_devices: true to allow it")
+    return devices
+
+
+def planned_children(cluster: ClusterConfig, devices: list[str], gateway_port: int) -> list[Child]:
+    """What `janus up` starts, in start order: one worker per device, the other services (`replicas` copies each),
+    the gateway last. `args` holds only each service's own extra arguments."""
+    children = [Child(service="worker", instance=f"worker-{i}", device=device) for i, device in enumerate(devices)]
+    for name in available_services():
+        if name in ("worker", "gateway"):
+            continue
+        children += [Child(service=name, instance=f"{name}-{i}") for i in range(cluster.replicas.get(name, 1))]
+    children.append(Child(service="gateway", instance="gateway-0", args=["--port", str(gateway_port)]))
+    return children
+
+
+def dry_run_lines(cluster: ClusterConfig, devices: list[str], gateway_port: int, num_nats_nodes: int) -> list[str]:
+    """`janus up --dry-run`: every process it would start with its id, device and address, one line each."""
+    # `janus up` runs NATS on loopback: the interface that reaches it, and so every worker's transfer host
+    transfer_host = os.environ.get("JANUS_TRANSFER_HOST") or "127.0.0.1"
+    port = "a free port" if gateway_port == 0 else str(gateway_port)
+    lines = [f"{'PROCESS':<24} {'SERVICE':<16} {'DEVICE':<10} ADDRESS"]
+    lines += [f"{f'nats-{i}':<24} {'nats-server':<16} {'-':<10} nats://127.0.0.1 (a free port, picked at start)"
+              for i in range(num_nats_nodes)]
+    for child in planned_children(cluster, devices, gateway_port):
+        address = {"worker": f"transfer host {transfer_host}",
+                   "gateway": f"http://{cluster.gateway.host}:{port}"}.get(child.service, "NATS only")
+        lines.append(f"{child.instance:<24} {child.service:<16} {child.device or '-':<10} {address}")
+    return lines
 
 
 def _free_port() -> int:

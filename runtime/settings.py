@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.core.limits import TenantLimits
@@ -38,9 +39,22 @@ class ModelSpec(Frozen):
         return v
 
 
+# the device a worker process opens, set per worker by `janus up` (runtime/launcher.py); `janus serve worker
+# --device` sets it by hand. Unset, a worker opens `workers.device` as written.
+DEVICE_ENV = "JANUS_DEVICE"
+SHAREABLE_DEVICE_KINDS = ("cpu",)  # many workers on one CPU is how the demo runs; an accelerator is one worker's
+
+
 class WorkersSpec(Frozen):
+    """The workers: one process per device. `devices` lists each worker's device (`[cuda:0, cuda:1]`: count is its
+    length); else `count` workers share `device`, and a device kind without an index (`cuda`) gives worker i its own
+    `cuda:i` (docs/operations.md: Devices)."""
+
     count: int = Field(default=2, ge=1)
     device: str = "cpu"
+    devices: list[str] = Field(default_factory=list, description="one device per worker, in worker order")
+    share_devices: bool = Field(default=False, description="allow two workers on one accelerator (each with its own "
+                                "pool_bytes of it)")
     pool_bytes: int = Field(default=512 << 20, gt=0, description="device page pool per worker")
     page_size_bytes: int = Field(default=2 << 20, gt=0)
     # bootstrap placement until the planner takes over: worker id -> models; a worker not listed serves every model
@@ -48,6 +62,58 @@ class WorkersSpec(Frozen):
     max_num_seqs: int = Field(default=32, ge=1, description="running requests per engine")
     engine: Literal["torch", "echo"] = Field(
         default="torch", description="echo skips the model math (to measure the serving path itself)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_and_kind_from_devices(cls, data: Any) -> Any:
+        """With `devices` listed, `count` and `device` may be left out: they follow from the list."""
+        if isinstance(data, dict) and isinstance(data.get("devices"), list) and data["devices"]:
+            kinds = {str(d).split(":")[0] for d in data["devices"]}
+            data = {"count": len(data["devices"]), **({"device": kinds.pop()} if len(kinds) == 1 else {}), **data}
+        return data
+
+    @model_validator(mode="after")
+    def _one_worker_per_accelerator(self) -> "WorkersSpec":
+        if self.devices and len(self.devices) != self.count:
+            raise _invalid("count", f"{self.count} workers for the {len(self.devices)} devices of workers.devices: "
+                           "one device per worker (or leave count out)", self.count)
+        kinds = {d.split(":")[0] for d in self.devices}
+        if self.devices and kinds != {self.device.split(":")[0]}:
+            raise _invalid("device", f"disagrees with workers.devices ({', '.join(sorted(kinds))}): leave it out",
+                           self.device)
+        shared = shared_accelerators(self.devices_for(self.count))
+        if shared and not self.share_devices:
+            field = "devices" if self.devices else "device"
+            raise _invalid(field, f"puts {shared}: give each worker its own (workers.devices: [cuda:0, cuda:1, ...], "
+                           "or workers.device: cuda for one each) or set workers.share_devices: true",
+                           getattr(self, field))
+        return self
+
+    def devices_for(self, num_workers: int) -> list[str]:
+        """Worker i's device, for `num_workers` workers (`janus up --workers` may differ from count): the listed
+        one; else `device` itself when it names one (`cuda:1`) or is shareable (`cpu`); else `<device>:i`."""
+        if self.devices:
+            if num_workers != len(self.devices):
+                raise ValueError(f"{num_workers} workers for the {len(self.devices)} devices of workers.devices")
+            return list(self.devices)
+        if ":" in self.device or self.device in SHAREABLE_DEVICE_KINDS:
+            return [self.device] * num_workers
+        return [f"{self.device}:{i}" for i in range(num_workers)]
+
+
+def _invalid(field: str, message: str, value: Any) -> ValidationError:
+    """An error at `workers.<field>` (a model validator's own errors would all point at `workers`)."""
+    return ValidationError.from_exception_data("WorkersSpec", [InitErrorDetails(
+        type=PydanticCustomError("workers", message), loc=(field,), input=value)])
+
+
+def shared_accelerators(devices: list[str]) -> str:
+    """'' when no accelerator has two workers, else which do (`cuda:0 under workers 0 and 3`)."""
+    holders: dict[str, list[int]] = {}
+    for i, device in enumerate(devices):
+        if device.split(":")[0] not in SHAREABLE_DEVICE_KINDS:
+            holders.setdefault(device, []).append(i)
+    return "; ".join(f"{d} under workers {' and '.join(map(str, ws))}" for d, ws in holders.items() if len(ws) > 1)
 
 
 class GatewaySpec(Frozen):

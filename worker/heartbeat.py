@@ -45,7 +45,8 @@ def device_info(pages: Any) -> DeviceInfo:
         import torch
 
         name = torch.cuda.get_device_name(pages.device)
-    return DeviceInfo(kind=kind, name=name, hbm_bytes=pages.num_pages * pages.page_size_bytes)
+    return DeviceInfo(kind=kind, name=name, hbm_bytes=pages.num_pages * pages.page_size_bytes,
+                      device=str(pages.device))
 
 
 def build_heartbeat(worker_id: str, seq: int, now_unix_ms: float, pages: Any, instances: dict[str, ModelInstance],

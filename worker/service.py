@@ -67,10 +67,11 @@ RECORD_REFRESH_S = 5.0  # the worker is the truth about its instances: it re-ass
 class WorkerService(Service):
     name = "worker"
 
-    def __init__(self, settings: JanusSettings, cluster: ClusterConfig, *, worker_id: str | None = None) -> None:
+    def __init__(self, settings: JanusSettings, cluster: ClusterConfig, *, worker_id: str | None = None,
+                 device: str | None = None) -> None:
         super().__init__(settings, cluster)
         self.worker_id = worker_id or settings.instance
-        self.device = cluster.workers.device
+        self.device = device or cluster.workers.device  # its own one (`janus up` gives each worker one)
         self.pages = None  # worker.xtensor.XTensor, opened in start()
         self.transfer = None  # worker.transfer.MooncakeTransfer, or None where it cannot run
         self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None)
