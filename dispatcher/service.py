@@ -40,6 +40,7 @@ from .core.core import DispatcherCore
 from .core.effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
+from .core.record_truth import corrected_by_heartbeat
 from .core.streaming import StreamingBook
 from .metrics import ASSIGNED, QUEUE_DEPTH, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
 
@@ -76,6 +77,7 @@ class DispatcherService(Service):
         self._streaming = StreamingBook()
         self._next_expiry_s = 0.0
         self._records: dict[str, InstanceRecord] = {}
+        self._failed_keys: set[str] = set()  # records that say FAILED: a heartbeat may prove them stale
         self._workers = PeerLiveness(timeout_s=WORKER_TIMEOUT_S, check_period_s=TIMER_PERIOD_S)
         self._dead_workers: set[str] = set()
         # the NATS connection (_connection_number) on which each worker was last heard: see _publish_when_heard
@@ -150,6 +152,16 @@ class DispatcherService(Service):
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self._workers.heard(hb.worker_id, time.monotonic())
         self._heard_on_connection[hb.worker_id] = self._connection_number()
+        is_changed = False
+        if self._failed_keys:
+            # a reconciler took the worker for dead, wrongly: its own heartbeat says otherwise (record_truth.py)
+            corrected = corrected_by_heartbeat({key: self._records[key] for key in self._failed_keys}, hb)
+            if corrected:
+                log.warning("registry says %s FAILED, but %s's heartbeat reports it ACTIVE: routing to it again",
+                            ", ".join(r.instance_id for r in corrected.values()), hb.worker_id)
+                for key, record in corrected.items():
+                    self._set_record(key, record)
+                is_changed = True
         if hb.worker_id in self._dead_workers:
             # back from the dead (a partition or a NATS restart): the heartbeat is fresher evidence than the
             # registry record, and a record newer than the loss is what lifts the core's ban on the instance
@@ -157,9 +169,22 @@ class DispatcherService(Service):
             active = {st.instance_id for st in hb.instances if st.state == ModelState.ACTIVE}
             for key, record in list(self._records.items()):
                 if record.worker_id == hb.worker_id and record.instance_id in active:
-                    self._records[key] = record.model_copy(update={"updated_unix_ms": hb.sent_unix_ms})
+                    self._set_record(key, record.model_copy(update={"updated_unix_ms": hb.sent_unix_ms}))
+            is_changed = True
+        if is_changed:
             await self._apply(self.core.on_instances(now_ms(), self._live_records()))
+            self._kick.set()
         await self._apply(self.core.on_heartbeat(now_ms(), hb))
+
+    def _set_record(self, key: str, record: InstanceRecord | None) -> None:
+        if record is None:
+            self._records.pop(key, None)
+        else:
+            self._records[key] = record
+        if record is not None and record.state == ModelState.FAILED:
+            self._failed_keys.add(key)
+        else:
+            self._failed_keys.discard(key)
 
     async def _watch_registry(self) -> None:
         async for entry in self._watcher:
@@ -168,14 +193,14 @@ class DispatcherService(Service):
                 continue
             key = entry.key
             if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self._records.pop(key, None)
+                self._set_record(key, None)
             else:
                 try:
                     record = InstanceRecord.model_validate_json(entry.value)
                 except ValueError:
                     log.warning("malformed registry record %s", key)
                     continue
-                self._records[key] = record
+                self._set_record(key, record)
                 self._workers.know(record.worker_id, time.monotonic())
             await self._apply(self.core.on_instances(now_ms(), self._live_records()))
             self._kick.set()
@@ -187,7 +212,8 @@ class DispatcherService(Service):
         """Gateways watch this: what a silent dispatcher held before its first token is submitted again."""
         while True:
             beat = DispatcherHeartbeat(dispatcher_id=self.instance, sent_unix_ms=now_ms(),
-                                       num_queued=len(self._requests))
+                                       num_queued=len(self._requests),
+                                       routable_models=tuple(self.core.routable_models()))
             with contextlib.suppress(Exception):
                 await self.bus.publish(subjects.dispatcher_telemetry(self.instance), beat, propagate=False)
             await asyncio.sleep(HEARTBEAT_PERIOD_S)

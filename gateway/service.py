@@ -40,7 +40,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 from .app import Event, create_app
 from .core.admission import ServedModel
 from .core.limits import TenantLimiter
-from .core.readiness import Readiness, readiness
+from .core.readiness import Readiness, StartupGate, readiness
 from .metrics import IN_FLIGHT, observe_request
 from .core.recovery import StreamRecovery, resend_due
 from .core.stream import StreamAssembler
@@ -126,6 +126,7 @@ class GatewayService(Service):
         self.port = cluster.gateway.port if port is None else port
         self._pending: dict[str, _Pending] = {}
         self._dispatchers = PeerLiveness(timeout_s=DISPATCHER_TIMEOUT_S, check_period_s=DISPATCHER_CHECK_PERIOD_S)
+        self._startup = StartupGate(())  # replaced in start(), once the served models are known
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
         self.listening = False  # true once the bound port is known (port=0 picks one at start)
@@ -249,7 +250,9 @@ class GatewayService(Service):
                 await self.bus.publish(subjects.CANCEL, CancelRequest(request_id=request_id))
 
     async def _on_dispatcher_heartbeat(self, beat: DispatcherHeartbeat, env: Envelope) -> None:
-        self._dispatchers.heard(beat.dispatcher_id, time.monotonic())
+        now_s = time.monotonic()
+        self._dispatchers.heard(beat.dispatcher_id, now_s)
+        self._startup.observe(now_s, beat.routable_models)
 
     async def _watchdog(self) -> None:
         """Every 0.25 s: resubmit what a silent dispatcher held; recover lost stream events from their worker."""
@@ -327,6 +330,7 @@ class GatewayService(Service):
     async def start(self, bus: Bus) -> None:
         if not self.models:
             self.load_models()
+        self._startup = StartupGate(self.models)
         await bus.subscribe(subjects.reply_wildcard(self.gateway_id), STREAM_EVENT, self._on_reply, traced=False)
         await bus.subscribe(subjects.DISPATCHER_TELEMETRY_WILDCARD, DispatcherHeartbeat,
                             self._on_dispatcher_heartbeat, traced=False)
@@ -377,4 +381,5 @@ class GatewayService(Service):
         """For /ready: from what the gateway tracks anyway (its connection, dispatcher heartbeats), no round trip."""
         return readiness(is_nats_connected=self.bus is not None and self.bus.nc.is_connected,
                          dispatcher_silent_s=self._dispatchers.least_silent_s(time.monotonic()),
-                         dispatcher_timeout_s=DISPATCHER_TIMEOUT_S)
+                         dispatcher_timeout_s=DISPATCHER_TIMEOUT_S,
+                         models_not_up=self._startup.waiting_for(time.monotonic()))

@@ -58,6 +58,7 @@ class DispatcherCore:
         self._windows: dict[str, LoadWindow] = {}
         self._rr_cursor: dict[str, int] = {}
         self._least_load: dict[str, LeastLoadIndex] = {}
+        self._waiting_for_instance: dict[str, set[str]] = {}  # model -> ids of jobs queued while it had no instance
         self._now_ms = float("-inf")
         self._next_publish_ms: float | None = None
 
@@ -225,6 +226,11 @@ class DispatcherCore:
         ignore their heartbeat lines, and a caller may leave them out."""
         return self.policy.algorithm == Algorithm.LST_IMH
 
+    def routable_models(self) -> list[str]:
+        """Models a new request can be routed for now: at least one routable instance takes its prefill (and, for a
+        prefill instance, a routable decode instance takes the hand-over). Sorted; what `/ready` waits for."""
+        return sorted(m for m in self._view.models() if self._view.prefill_instances(m))
+
     def queue_depth(self, model: str) -> int:
         return len(self._queues.get(model, ()))
 
@@ -339,13 +345,32 @@ class DispatcherCore:
                 jobs = [job for job in jobs if job.request.arrival_ms + max_wait_ms <= now]
             for job in jobs:
                 self._dequeue(queue, job)
+            if queue:
+                self._waiting_for_instance[model] = set(queue)
             return [
                 self._reject(now, job, ErrorCode.NO_INSTANCE, f"model {model!r} has no ready instance", True)
                 for job in jobs
             ]
+        if self._waiting_for_instance.get(model):
+            self._rebase_waiting(now, model, queue)
         if self.policy.algorithm == Algorithm.LST_IMH:
             return self._dispatch_lst_imh(now, model, queue, instances)
         return self._dispatch_baseline(now, model, queue, instances)
+
+    def _rebase_waiting(self, now: float, model: str, queue: dict[str, Job]) -> None:
+        """The model has a routable instance again: the requests that waited for one get their TTFT SLO (and their
+        relaxations) counted from now. The wait was for an instance, not for capacity: without this, a request that
+        waited longer than its SLO and relaxations (1 + max_num_relaxations SLOs: 6 s at a 2 s SLO, less than a cold
+        load) was refused as overloaded by the idle instance it had waited for, although max_wait_for_instance_ms
+        promised it service. Plans see it as arriving now; its attainment still counts against its own deadline
+        (on_prefill_done reads the request's, not the plan's)."""
+        for request_id in self._waiting_for_instance.pop(model):
+            job = queue.get(request_id)
+            if job is None:
+                continue  # cancelled meanwhile
+            rebased_ms = now + job.request.ttft_slo_ms
+            if rebased_ms > job.deadline_ms:
+                job.deadline_ms, job.num_relaxations, job.hopeless_at_ms = rebased_ms, 0, float("inf")
 
     def _dispatch_lst_imh(
         self, now: float, model: str, queue: dict[str, Job], instances: list[InstanceRecord]

@@ -37,6 +37,23 @@ def test_routes_only_to_ready_active_instances_of_the_model():
     assert len(placed(effects)) == 6
 
 
+def test_routable_models_are_those_a_new_request_is_routed_for_now():
+    # what the dispatcher's heartbeat tells the gateways' /ready
+    core = make_core()
+    core.on_instances(0.0, [
+        record("a"),
+        record("b", model="waking", is_ready=False),
+        record("p", model="pd", role=InstanceRole.PREFILL),  # no decode instance to hand over to: not routable
+        record("c", model="banned"),
+    ])
+    core.on_instance_lost(1.0, "c")  # its worker went silent
+    assert core.routable_models() == ["m"]
+    core.on_instances(2.0, [record("a"), record("b", model="waking"),
+                            record("p", model="pd", role=InstanceRole.PREFILL),
+                            record("d", model="pd", role=InstanceRole.DECODE)])
+    assert core.routable_models() == ["m", "pd", "waking"]
+
+
 def test_no_ready_instance_is_a_clear_retryable_error():
     core = make_core(max_wait_for_instance_ms=0.0)  # no wait for one to come up (tested below)
     core.on_instances(0.0, [record("b", is_ready=False)])
@@ -342,6 +359,27 @@ def test_by_default_a_request_waits_thirty_seconds_for_an_instance():
     assert core.on_tick(29_999.0) == []
     (reject,) = rejects(core.on_tick(30_000.0))
     assert reject.code == ErrorCode.NO_INSTANCE
+
+
+@pytest.mark.parametrize("overload", [OverloadPolicy.REJECT, OverloadPolicy.REQUEUE])
+def test_a_request_that_waited_for_the_first_instance_is_served_by_it_however_long_the_wait(overload):
+    # A cold load takes longer than the SLO and every relaxation (1 + 2 SLOs): the request's own deadline is long
+    # gone when the instance comes up idle. It waited for an instance, not for capacity, so the instance serves it
+    # (it was refused as overloaded before); it counts as late, against its own deadline.
+    core = make_core(overload=overload, max_wait_for_instance_ms=30_000.0, publish_period_ms=500.0)
+    core.on_instances(0.0, [record("b", is_ready=False, state=ModelState.LOADING)])
+    assert core.on_request(0.0, request("r0", 0.0, tokens=100, slo_ms=1000.0)) == []
+    effects = core.on_instances(7000.0, [record("b", updated_ms=7000.0)])
+    assert not rejects(effects)
+    (assign,) = assigns(effects)
+    assert (assign.request_id, assign.instance_id) == ("r0", "b")
+    core.on_prefill_done(7020.0, "b", "r0", first_token_ms=7020.0)
+    windows = [e.window for e in core.on_tick(7500.0) if hasattr(e, "window")]
+    assert [w.ttft_attainment for w in windows] == [0.0]
+    # a request arriving once the model has an instance keeps its own deadline: infeasible is refused as before
+    if overload == OverloadPolicy.REJECT:
+        (reject,) = rejects(core.on_request(8000.0, request("r1", 8000.0, tokens=100_000, slo_ms=1000.0)))
+        assert reject.code == ErrorCode.OVERLOADED
 
 
 def test_a_request_stops_waiting_for_an_instance_after_the_limit():
