@@ -89,7 +89,7 @@ class DispatcherMachine(RuleBasedStateMachine):
                 self.state[e.request_id] = "queued"
                 del self.where[e.request_id]
             elif isinstance(e, Reject):
-                if e.code == ErrorCode.INSTANCE_FAILED:
+                if e.code in (ErrorCode.INSTANCE_FAILED, ErrorCode.POISON_REQUEST):  # lost where it ran
                     assert self.state.get(e.request_id) == "inflight"
                     del self.where[e.request_id]
                 else:
