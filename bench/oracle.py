@@ -57,10 +57,13 @@ def in_units_of(base: TrainingSet, other: TrainingSet) -> TrainingSet:
 
 
 def folds_of(ts: TrainingSet, num_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fold of each elasticity sample and of each capacity sample (grouped by grid point)."""
+    """Fold of each elasticity sample and of each capacity sample (grouped by grid point). A point run
+    prefill/decode-disaggregated (its meta's `num_decode` > 0) has no capacity samples (oracle/profile/harness.py)."""
     num_points = len(ts.elasticity)
     point_fold = np.random.default_rng(seed).permutation(num_points) % num_folds
-    replicas = [s.num_replicas for s in ts.elasticity]
+    infos = ts.meta.get("points", [])
+    is_colocated = [not (infos[i].get("num_decode", 0) if i < len(infos) else 0) for i in range(num_points)]
+    replicas = [s.num_replicas if colocated else 0 for s, colocated in zip(ts.elasticity, is_colocated)]
     if sum(replicas) != len(ts.capacity):
         raise SystemExit("profile: capacity samples do not line up with grid points (one per replica)")
     return point_fold, np.repeat(point_fold, replicas)

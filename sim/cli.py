@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(uses_learned_oracle(s) for s in systems):  # before the systems start, so each reads the cache
         from .oracle_training import ensure_profiles
 
+        from .runner import janus_policies
+
         profiles = ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=args.processes,
-                                   say=console.print)
+                                   say=console.print, elastic=janus_policies(spec.policy)[0].elastic)
         fresh = {k: v for k, v in profiles.items() if not v["cached"]}
         console.print(f"learned oracle: {len(profiles)} kinds of instance profiled on the simulated device "
                       f"({sum(v['points'] for v in profiles.values())} grid points, at most "

@@ -7,6 +7,14 @@
 - The length mixes profiled are what telemetry shows before the run: the requests the group's apps sent in the
   trace's first minute, in up to three mixes (the apps in thirds by mean request length), each mix drawing its
   (prompt, output) pairs from those requests, as an operator profiles the traffic it serves.
+- The layout profiled is the one the elastic scaler runs: it asks the oracle about m instances in all and splits
+  them with `planner.core.split_prefill_decode` (colocated below `min_num_disaggregated`, else prefill and decode
+  instances), so each grid point at m runs that split, with the KV hand-off over the device link
+  (oracle/profile/replay.py). Profiled colocated, a busy model's learned attainment plateaued below the target
+  where Janus serves it disaggregated (docs/bench/sim.md, run 24).
+- The replica counts: the device plan's (1, 2, 4, 8), and for a kind whose busiest first-minute window the
+  datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most `MAX_PROFILED_REPLICAS`
+  (past the grid the GP follows its prior mean).
 - The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
@@ -26,16 +34,24 @@ import numpy as np
 
 from oracle.core.dataset import TrainingSet
 from oracle.core.oracle import ModelProfile, Oracle
-from oracle.profile.grid import LengthMix
+from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
 from oracle.profile.run import DEVICE, ProfilePlan, profile_checkpoint
 
+from planner.core import ElasticPolicy
+from planner.core.elastic import split_prefill_decode
+
 from .profile_device import SimDeviceProfiler
-from .scenario import Scenario, window_features
+from .scenario import Scenario, replicas_for, window_features
 
 SIM_PLAN = DEVICE  # the oracle's plan for a fast target; its mixes are telemetry's (plan_for)
 TELEMETRY_S = 60.0  # the mixes come from the first minute of traffic
+BUSIEST_WINDOW_S = 10.0  # the first minute in windows of this length: the busiest one sizes the replica grid
+MAX_PROFILED_REPLICAS = 32  # the largest m profiled (a point at m costs m engines' steps)
 MAX_REQUESTS_PER_POINT = 20_000  # a small model's point at 3x its knee on 8 devices would send ~300k
+# How a point's labels are scored (oracle/profile/measure.py): "censored" = a request unfinished at the point's end
+# counts its tokens due by then only. Part of the cache key: profiles scored otherwise are not reused.
+SCORING = "censored"
 
 
 @dataclass(frozen=True)
@@ -81,67 +97,123 @@ def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...], max_samples: int 
     return tuple(mixes)
 
 
+def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
+                       base: tuple[int, ...] = SIM_PLAN.replicas) -> tuple[int, ...]:
+    """The replica counts to profile: `base`, and for a kind whose busiest first-minute window (at the scaler's
+    `load_headroom`) the datasheet's roofline sizes at more instances than half `base`'s largest, powers of two
+    on to twice that count (at most MAX_PROFILED_REPLICAS). The datasheet is what the oracle knows before a
+    profile; it only picks the grid, the labels are measured."""
+    from oracle.roofline import Efficiency, RooflineModel
+
+    datasheet = scenario.cost(group.apps[0]).roofline
+    roofline = RooflineModel(datasheet.device, datasheet.shape, tp=group.tp,
+                             efficiency=Efficiency(max_num_seqs=datasheet.efficiency.max_num_seqs))
+    most = 1
+    for app in group.apps:
+        for start in np.arange(0.0, TELEMETRY_S, BUSIEST_WINDOW_S):
+            f = window_features(scenario.trace, app, float(start), float(start) + BUSIEST_WINDOW_S)
+            if f.token_rate_tps > 0:
+                f = f.model_copy(update={"token_rate_tps": f.token_rate_tps * elastic.load_headroom})
+                most = max(most, replicas_for(roofline, f, group.ttft_slo_s, group.tpot_slo_s,
+                                              elastic.target_attainment, MAX_PROFILED_REPLICAS))
+    replicas = list(base)
+    while most > replicas[-1] // 2 and replicas[-1] < MAX_PROFILED_REPLICAS:
+        replicas.append(min(2 * replicas[-1], MAX_PROFILED_REPLICAS))
+    return tuple(replicas)
+
+
+def planner_layout(elastic: ElasticPolicy) -> Callable[[GridPoint], tuple[int, int]]:
+    """How the elastic scaler lays out m instances of a load (planner.core.split_prefill_decode): (m, 0) colocated,
+    else (prefill, decode)."""
+    def layout(point: GridPoint) -> tuple[int, int]:
+        num_prefill, num_decode = split_prefill_decode(point.num_replicas, point.features, elastic)
+        return (num_prefill, num_decode)
+
+    return layout
+
+
+def _layout_key(elastic: ElasticPolicy) -> dict:
+    """What the layout depends on (part of the cache key and the profile's meta)."""
+    return {"split": "planner.core.split_prefill_decode", "min_num_disaggregated": elastic.min_num_disaggregated,
+            "decode_token_cost_ratio": elastic.decode_token_cost_ratio}
+
+
 def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:
     # the device clock is the profiler's own (SimDeviceProfiler._timer); "wall" only passes the settings' checks
     return plan.harness_settings(ttft_slo_ms=group.ttft_slo_s * 1e3, tpot_slo_ms=group.tpot_slo_s * 1e3,
                                  clock="wall", seed=seed, max_requests_per_point=MAX_REQUESTS_PER_POINT)
 
 
-def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: Path) -> Path:
+def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: Path,
+               elastic: ElasticPolicy | None = None) -> Path:
     """Where this group's profile is kept: named by everything the profile depends on."""
     key = json.dumps({"device": asdict(scenario.device), "efficiency": asdict(scenario.efficiency),
                       "effects": asdict(scenario.effects), "shape": group.shape_name, "tp": group.tp,
                       "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
-                      "max_requests_per_point": MAX_REQUESTS_PER_POINT}, sort_keys=True, default=str)
+                      "max_requests_per_point": MAX_REQUESTS_PER_POINT,
+                      "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING},
+                     sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / f"{group.name}-{digest}.json"
 
 
-def plan_for(scenario: Scenario, group: Group, plan: ProfilePlan = SIM_PLAN) -> ProfilePlan:
-    return replace(plan, mixes=telemetry_mixes(scenario, group.apps))
+def plan_for(scenario: Scenario, group: Group, plan: ProfilePlan = SIM_PLAN,
+             elastic: ElasticPolicy | None = None) -> ProfilePlan:
+    return replace(plan, mixes=telemetry_mixes(scenario, group.apps),
+                   replicas=telemetry_replicas(scenario, group, elastic or ElasticPolicy(), plan.replicas))
 
 
 def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
-                  say: Callable[[str], None] = lambda line: None) -> TrainingSet:
+                  say: Callable[[str], None] = lambda line: None,
+                  elastic: ElasticPolicy | None = None) -> TrainingSet:
     """The group's training set: from the cache, or profiled now on simulated devices (and cached)."""
-    plan = plan_for(scenario, group, plan)
-    path = cache_path(scenario, group, plan, Path(cache_dir))
+    elastic = elastic or ElasticPolicy()
+    plan = plan_for(scenario, group, plan, elastic)
+    path = cache_path(scenario, group, plan, Path(cache_dir), elastic)
     if path.exists():
         return TrainingSet.load(path)
     cost = scenario.cost(group.apps[0])
     effects = replace(scenario.effects, seed=scenario.effects.seed + 7919)  # its own draws, not the run's
+    layout = planner_layout(elastic)
     result = profile_checkpoint(
         Path(group.name), path, model=group.name, plan=plan, settings=_settings(group, plan, scenario.effects.seed),
-        show_progress=False, say=say, extra_meta={"target": "simulated device", "apps": list(group.apps)},
-        make_profiler=lambda settings, n: SimDeviceProfiler(group.name, cost, effects, settings, max_replicas=n))
+        show_progress=False, say=say, extra_meta={"target": "simulated device", "apps": list(group.apps),
+                                                  "layout": _layout_key(elastic)},
+        make_profiler=lambda settings, n: SimDeviceProfiler(group.name, cost, effects, settings, max_replicas=n,
+                                                            layout=layout))
     return result.training_set
 
 
 def ensure_profiles(scenario: Scenario, cache_dir: Path, processes: int = 2,
-                    say: Callable[[str], None] = print) -> dict[str, dict]:
+                    say: Callable[[str], None] = print, elastic: ElasticPolicy | None = None) -> dict[str, dict]:
     """Profile every group not cached yet (`processes` at a time); returns per group what the report shows:
     points, the profile's own time (when it ran), whether it came from the cache."""
+    elastic = elastic or ElasticPolicy()
     groups = groups_of(scenario)
-    todo = [g for g in groups if not cache_path(scenario, g, plan_for(scenario, g), Path(cache_dir)).exists()]
+    todo = [g for g in groups
+            if not cache_path(scenario, g, plan_for(scenario, g, elastic=elastic), Path(cache_dir), elastic).exists()]
     if todo:
         say(f"profiling {len(todo)} kinds of instance on the simulated device ({', '.join(g.name for g in todo)})")
+        jobs = [(scenario, g, str(cache_dir), elastic) for g in todo]
         if processes > 1 and len(todo) > 1:
             import multiprocessing as mp
 
             with mp.get_context("fork").Pool(min(processes, len(todo)), maxtasksperchild=1) as pool:
-                for name, elapsed_s in pool.imap_unordered(_profile_one, [(scenario, g, str(cache_dir)) for g in todo]):
+                for name, elapsed_s in pool.imap_unordered(_profile_one, jobs):
                     say(f"{name}: profiled in {elapsed_s:.0f} s")
         else:
-            for g in todo:
-                say(f"{_profile_one((scenario, g, str(cache_dir)))[0]}: profiled")
-    return {g.name: profile_report(profile_group(scenario, g, Path(cache_dir)), was_cached=g not in todo)
+            for job in jobs:
+                name, elapsed_s = _profile_one(job)
+                say(f"{name}: profiled in {elapsed_s:.0f} s")
+    return {g.name: profile_report(profile_group(scenario, g, Path(cache_dir), elastic=elastic),
+                                   was_cached=g not in todo)
             for g in groups}
 
 
 def _profile_one(args: tuple) -> tuple[str, float]:
-    scenario, group, cache_dir = args
+    scenario, group, cache_dir, elastic = args
     started = time.perf_counter()
-    profile_group(scenario, group, Path(cache_dir))
+    profile_group(scenario, group, Path(cache_dir), elastic=elastic)
     return group.name, time.perf_counter() - started
 
 
@@ -158,15 +230,17 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
             "capacities_rps": training_set.meta.get("capacities_rps", {})}
 
 
-def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN) -> Oracle:
+def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
+                   elastic: ElasticPolicy | None = None) -> Oracle:
     """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
-    fitted efficiencies) as the fallback and the group's two GPs."""
+    fitted efficiencies) as the fallback and the group's two GPs. `elastic`: the scaler policy whose layout was
+    profiled (default: the live default)."""
     from oracle.gp.train import fit_capacity, fit_elasticity
     from oracle.roofline import Efficiency, RooflineModel
 
     oracle = Oracle()
     for group in groups_of(scenario):
-        training_set = profile_group(scenario, group, cache_dir, plan)
+        training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)
         cost = scenario.cost(group.apps[0])
         fitted = Efficiency(**{**training_set.meta["efficiency"]})
         roofline = RooflineModel(cost.roofline.device, cost.roofline.shape, tp=group.tp, efficiency=fitted)

@@ -5,6 +5,9 @@ parameters.
 - `SimulatedEngine`: one replica of a model on one simulated device (or tensor-parallel group), stepped as the
   simulator's executor steps an instance: FCFS admission within the KV cache (prompt and whole output reserved) and
   `max_num_seqs`, chunked prefill within `max_num_batched_tokens` mixed with one decode token per running sequence.
+  A request handed over prefilled (`add_prefilled_request`: a decode instance of a prefill/decode-disaggregated
+  layout) joins the decode batch as the executor's decode instance admits it: in arrival order, as KV space allows
+  (one that does not fit waits, the next is tried), up to `max_num_seqs`.
   Each step takes the device's time: the cost model's iteration time with the device effects applied
   (sim/device_effects.py), which the engine adds to a shared `DeviceClock`.
 - `DeviceClock`: the simulated device's time, read by the harness through the same interface as the thread-CPU
@@ -70,6 +73,7 @@ class SimulatedEngine:
         self.kv_capacity_tokens = cost.max_num_kv_tokens
         self.kv_used_tokens = 0
         self.waiting: deque[_Seq] = deque()
+        self.arrived: deque[_Seq] = deque()  # prefilled elsewhere, KV here, not yet in the batch
         self.running: list[_Seq] = []
         self.last_step: _LastStep | None = None
         self.context_tokens = 0
@@ -78,9 +82,13 @@ class SimulatedEngine:
     def add_request(self, request_id: str, prompt_token_ids, sampling) -> None:
         self.waiting.append(_Seq(request_id, len(prompt_token_ids), max(1, sampling.max_tokens)))
 
+    def add_prefilled_request(self, request_id: str, prompt_len: int, sampling) -> None:
+        self.arrived.append(_Seq(request_id, prompt_len, max(1, sampling.max_tokens), prefilled=prompt_len,
+                                 num_out=1))
+
     def has_unfinished(self) -> bool:
         self._drop_aborted()
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.arrived)
 
     def abort(self, request_id: str) -> None:
         """Drop a request. A profile past its knee ends with tens of thousands unfinished, aborted one by one: the
@@ -90,7 +98,7 @@ class SimulatedEngine:
     def _drop_aborted(self) -> None:
         if not self.aborted:
             return
-        for queue in (self.waiting, self.running):
+        for queue in (self.waiting, self.running, self.arrived):
             kept = [seq for seq in queue if seq.request_id not in self.aborted]
             for seq in queue:
                 if seq.request_id in self.aborted and seq.is_reserved:
@@ -99,8 +107,25 @@ class SimulatedEngine:
             queue.extend(kept)
         self.aborted.clear()
 
+    def _admit_prefilled(self) -> None:
+        skipped: deque[_Seq] = deque()
+        while self.arrived and len(self.running) < self.cost.max_num_seqs:
+            seq = self.arrived.popleft()
+            need = seq.prompt_len + seq.max_tokens
+            if self.kv_used_tokens + need > self.kv_capacity_tokens:
+                if need <= self.kv_capacity_tokens:
+                    skipped.append(seq)  # one that never fits is dropped (its tokens stay late), not kept for ever
+                continue
+            self.kv_used_tokens += need
+            seq.is_reserved = True
+            self.running.append(seq)
+        skipped.extend(self.arrived)
+        self.arrived = skipped
+
     def step(self) -> list[_Output]:
         self._drop_aborted()
+        if self.arrived:
+            self._admit_prefilled()
         batch = len(self.running)
         budget = self.max_num_batched_tokens - batch
         chunk: list[tuple[_Seq, int]] = []
@@ -173,8 +198,11 @@ class SimDeviceProfiler(Profiler):
     workload_max_output_len = 8_192
 
     def __init__(self, name: str, cost: StepCost, effects: DeviceEffects, settings: HarnessSettings,
-                 max_replicas: int):
+                 max_replicas: int, layout=None):
         self.settings = settings
+        self.layout = layout
+        self.cost = cost
+        self.link_bytes_per_s = cost.roofline.device.d2d_bytes_per_s  # the link the simulator moves KV over
         self.model_dir = _Named(name)
         self.clock = DeviceClock()
         self.engines = [SimulatedEngine(cost, effects, self.clock, f"profile-{name}-{i}")
@@ -192,6 +220,9 @@ class SimDeviceProfiler(Profiler):
                                      efficiency=replace(Efficiency(), max_num_seqs=cost.max_num_seqs))
         self.roofline = RooflineModel(datasheet.device, self.shape, tp=datasheet.tp,
                                       efficiency=fit_efficiency(uncalibrated, self.calibration))
+
+    def kv_transfer_s(self, num_tokens: int) -> float:
+        return self.cost.kv_transfer_s(num_tokens, self.link_bytes_per_s)
 
     def _timer(self):
         self.speed_factor = 1.0

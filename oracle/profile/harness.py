@@ -210,6 +210,11 @@ class Profiler:
     clock (`_timer`) and `step_probe` (what a step did)."""
 
     step_probe = staticmethod(step_probe)
+    # How a point's m replicas are laid out: (prefill, decode) engines, decode 0 for m colocated ones (None: always
+    # colocated). A target whose deployment disaggregates (Janus from `min_num_disaggregated` instances on) profiles
+    # the layout its planner will run, so the Elasticity GP answers for it; needs kv_transfer_s and engines with
+    # add_prefilled_request (replay.py).
+    layout: Callable[[GridPoint], tuple[int, int]] | None = None
     # The synthetic requests' lengths are clipped here: what the CPU engine serves in a point's seconds. A faster
     # target raises them, or a mix with long outputs is profiled lighter than it is (a mean of 669 output tokens
     # clipped at 512 loses a fifth of its decode work).
@@ -274,6 +279,20 @@ class Profiler:
         factor = self.speed_factor
         return lambda: base() * factor
 
+    def kv_transfer_s(self, num_tokens: int) -> float:
+        """Seconds to move `num_tokens` tokens of KV cache from a prefill engine to a decode engine."""
+        raise NotImplementedError(f"{type(self).__name__}: the CPU engine takes no computed prompt, so it profiles "
+                                  "colocated replicas only (leave `layout` unset)")
+
+    def layout_of(self, point: GridPoint) -> tuple[int, int]:
+        """(prefill, decode) engines of the point; (m, 0): colocated."""
+        if self.layout is None:
+            return point.num_replicas, 0
+        num_prefill, num_decode = self.layout(point)
+        if num_prefill + num_decode != point.num_replicas or num_prefill < 1 or num_decode < 0:
+            raise ValueError(f"layout of m={point.num_replicas}: {num_prefill} prefill + {num_decode} decode")
+        return num_prefill, num_decode
+
     def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
                               max_runs: int = 7, on_run: Callable[[dict], None] | None = None) \
             -> tuple[float, list[dict]]:
@@ -318,16 +337,20 @@ class Profiler:
                                   max_prompt_len=min(self.max_prompt_len, self.workload_max_prompt_len),
                                   max_output_len=self.workload_max_output_len)
         workload = [r for r in workload if r.prompt_len + r.output_len <= self.max_prompt_len + 1]
+        num_prefill, num_decode = self.layout_of(point)
         timer = self._timer()
         started = time.perf_counter()
         result = run_virtual(self.engines[: point.num_replicas], workload, self.vocab_size,
                              end_s=s.duration_s + s.drain_s, probe=self.step_probe, timer=timer,
-                             id_prefix=f"g{index}-", seed=index, step_cost=self.step_cost)
+                             id_prefix=f"g{index}-", seed=index, step_cost=self.step_cost, num_decode=num_decode,
+                             transfer_s=self.kv_transfer_s if num_decode else None)
         wall_s = time.perf_counter() - started
-        achieved = attainment(list(result.requests.values()), s.ttft_slo_ms, s.tpot_slo_ms)
+        achieved = attainment(list(result.requests.values()), s.ttft_slo_ms, s.tpot_slo_ms,
+                              horizon_s=s.duration_s + s.drain_s if result.is_truncated else None)
         by_id = {r.request_id: r for r in workload}
         capacity = []
-        for replica in result.replicas:
+        # Needs are a colocated replica's (what the steady planner packs); a prefill or a decode engine's are not.
+        for replica in result.replicas if not num_decode else ():
             mine = [by_id[rid] for rid in replica.request_ids]
             features = _features(mine, s.duration_s)
             ctx = features.input_len_mean + features.output_len_mean / 2.0
@@ -337,6 +360,7 @@ class Profiler:
                                   ttft_attainment=achieved.ttft, tpot_attainment=achieved.tpot,
                                   num_requests=achieved.num_requests, source="profile")
         info = {"rate_rps": point.rate_rps, "mix": point.mix.name, "num_replicas": point.num_replicas,
+                "num_decode": num_decode,
                 "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated,
                 "speed_factor": round(self.speed_factor, 4),
                 "num_steps": sum(len(r.steps) for r in result.replicas)}

@@ -1,7 +1,10 @@
 """What a run used and achieved, from its record (pure).
 
 Achieved: token-level attainment (token i of a request on time iff delivered by TTFT_SLO + (i-1) * TPOT_SLO after
-its arrival; tokens never delivered are late), per-request TTFT and TPOT attainment.
+its arrival; tokens never delivered are late), per-request TTFT and TPOT attainment. A run that ends with requests
+unfinished (`horizon_s`) scores their tokens due by its end only: one not delivered by then is late, one due later
+is unknown. Counting every undelivered token late made any mix whose outputs outlast the drain look overloaded at
+any load (a 600-token answer at a 68 ms TPOT SLO needs 41 s; the simulator's profiles drain for 16 s).
 
 Used, per replica (the definitions of RooflineModel.needs, applied to measured step times; docs/oracle.md):
 - hbm: (weight bytes + peak KV bytes) / device HBM;
@@ -48,23 +51,31 @@ class Attainment:
     num_requests: int
 
 
-def attainment(requests: list[RequestRecord], ttft_slo_ms: float, tpot_slo_ms: float) -> Attainment:
+def attainment(requests: list[RequestRecord], ttft_slo_ms: float, tpot_slo_ms: float,
+               horizon_s: float | None = None) -> Attainment:
+    """`horizon_s`: when the run stopped (None: it ran every request to its end)."""
     if not requests:
         return Attainment(1.0, 1.0, 1.0, 0)
     ttft_slo_s, tpot_slo_s = ttft_slo_ms / 1e3, tpot_slo_ms / 1e3
     on_time = total = num_ttft_ok = num_tpot_ok = 0
     for r in requests:
-        total += r.output_len
         times = np.asarray(r.token_times_s) - r.arrival_s
         deadlines = ttft_slo_s + tpot_slo_s * np.arange(len(times))
-        on_time += int(np.count_nonzero(times <= deadlines + 1e-12))
         is_done = len(times) >= r.output_len
+        if is_done or horizon_s is None:
+            total += r.output_len
+            on_time += int(np.count_nonzero(times <= deadlines + 1e-12))
+        else:  # censored at the horizon: tokens due by then are scored (undelivered ones late), later ones unknown
+            num_due = min(r.output_len, max(0, int((horizon_s - r.arrival_s - ttft_slo_s) // tpot_slo_s) + 1))
+            total += max(num_due, len(times))
+            on_time += int(np.count_nonzero(times <= deadlines + 1e-12))
         num_ttft_ok += int(len(times) > 0 and times[0] <= ttft_slo_s)
         if is_done and len(times) > 1:
             num_tpot_ok += int((times[-1] - times[0]) / (len(times) - 1) <= tpot_slo_s)
         elif is_done:
             num_tpot_ok += 1  # a one-token answer has no inter-token time
-    return Attainment(on_time / total, num_ttft_ok / len(requests), num_tpot_ok / len(requests), len(requests))
+    return Attainment(on_time / total if total else 1.0, num_ttft_ok / len(requests), num_tpot_ok / len(requests),
+                      len(requests))
 
 
 def decode_step_line(steps: list[StepRecord]) -> tuple[float, float, float]:

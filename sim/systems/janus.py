@@ -145,7 +145,7 @@ class JanusControl(ControlPlane):
 
             from ..oracle_training import learned_oracle
 
-            return learned_oracle(run.scenario, Path(self.oracle_cache_dir))
+            return learned_oracle(run.scenario, Path(self.oracle_cache_dir), elastic=self.planner_policy.elastic)
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:

@@ -40,6 +40,22 @@ def test_token_level_attainment_counts_each_token_against_its_deadline():
     assert attainment([], 1.0, 1.0).token == 1.0
 
 
+def test_a_run_cut_short_scores_the_tokens_due_by_its_end_only():
+    # TTFT 200 ms, TPOT 100 ms; the run stops at 2.55 s: the long answer's tokens 1-4 are due by then (arrival 2.0:
+    # at 2.2, 2.3, 2.4, 2.5), tokens 5-100 are not
+    long_answer = RequestRecord(2.0, 10, 100, [2.1, 2.25])  # two delivered on time, tokens 3 and 4 due and missing
+    stalled = RequestRecord(0.0, 10, 5, [])  # nothing delivered, every token due by 2.55 s: all late
+    done = RequestRecord(0.0, 10, 2, [0.1, 0.2])  # finished: scored whole, with or without the horizon
+    cut = attainment([long_answer, stalled, done], ttft_slo_ms=200.0, tpot_slo_ms=100.0, horizon_s=2.55)
+    assert cut.token == pytest.approx((2 + 0 + 2) / (4 + 5 + 2))
+    # without the horizon the 96 tokens nobody could have delivered yet count late, as if the device were overloaded
+    whole = attainment([long_answer, stalled, done], ttft_slo_ms=200.0, tpot_slo_ms=100.0)
+    assert whole.token == pytest.approx(4 / 107) and whole.token < cut.token
+    # a request that arrived after the last due time a token could have: nothing of it scored
+    assert attainment([RequestRecord(2.5, 10, 9, [])], 200.0, 100.0, horizon_s=2.55).token == 1.0
+    assert attainment([done], 200.0, 100.0, horizon_s=0.05).token == 1.0
+
+
 def test_decode_line_recovers_a_known_step_curve():
     steps = [StepRecord(0.0, 0.002 + 0.0005 * b + 1e-6 * c, 0, b, c, 0)
              for b, c in itertools.product([1, 2, 4, 8, 16], [100, 1000, 5000])]
