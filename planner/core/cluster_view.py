@@ -45,6 +45,10 @@ class ClusterView:
     def __init__(self, heartbeat_timeout_ms: float) -> None:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self._last_seen_ms: dict[str, float] = {}
+        # workers met only in a registry record, with when this view first saw it: a record read at startup, before
+        # any heartbeat had time to arrive, is no sign that its worker died (it gets the heartbeat timeout to speak)
+        self._unheard_since_ms: dict[str, float] = {}
+        self._last_tick_ms: float | None = None
         self._heartbeats: dict[str, WorkerHeartbeat] = {}
         self._records: dict[str, InstanceRecord] = {}
         self._records_by_model: dict[str, dict[str, InstanceRecord]] = {}
@@ -70,6 +74,7 @@ class ClusterView:
             return  # a reordered old heartbeat must not roll the worker's state back
         # Liveness by our own clock at receipt: other machines' clocks may be skewed.
         self._last_seen_ms[hb.worker_id] = now_ms
+        self._unheard_since_ms.pop(hb.worker_id, None)
         if hb is prev:
             return
         self._heartbeats[hb.worker_id] = hb
@@ -148,6 +153,30 @@ class ClusterView:
         for w in worker_ids:
             if w in seen:
                 seen[w] = now_ms
+
+    def on_tick(self, now_ms: float, *, expected_period_ms: float | None = None, is_listening: bool = True) -> None:
+        """The reconciler's own silence is not its workers': a shell whose event loop stalled (a loaded host, a long
+        garbage collection) or that had no bus connection (its NATS node died) could not read the heartbeats sent
+        meanwhile. `is_listening=False` stops every worker's clock since the last tick; a tick later than twice
+        `expected_period_ms` shifts every clock forward by the excess (the dispatcher's watchdog does the same,
+        runtime/liveness.py). Without `expected_period_ms` (the simulator, which ticks when it likes and never
+        stalls) only the listening rule applies. On a loaded 2-core host the live reconciler marked both workers of
+        a three-node NATS test FAILED and drained their instances (docs/reliability.md)."""
+        last, self._last_tick_ms = self._last_tick_ms, now_ms
+        if last is None or now_ms <= last:
+            return
+        if not is_listening:
+            silence_ms = now_ms - last
+        elif expected_period_ms is not None:
+            silence_ms = now_ms - last - 2 * expected_period_ms
+        else:
+            return
+        if silence_ms > 0:
+            seen = self._last_seen_ms
+            for w, t in seen.items():
+                seen[w] = min(now_ms, t + silence_ms)
+            for w, t in self._unheard_since_ms.items():
+                self._unheard_since_ms[w] = min(now_ms, t + silence_ms)
 
     def alive_workers(self, now_ms: float) -> set[str]:
         return {w for w, t in self._last_seen_ms.items() if now_ms - t <= self.heartbeat_timeout_ms}
@@ -294,9 +323,18 @@ class ClusterView:
         if self._cache.get(key) == []:
             return []  # nothing changed since the last look found nothing
         out = []
+        is_waiting = False  # on a worker not heard from yet: the answer changes with time alone, so it is not cached
         for iid in self._ready_ids:
             rec = self._records[iid]
             if rec.worker_id not in alive:
+                if rec.worker_id not in self._last_seen_ms:
+                    since = self._unheard_since_ms.setdefault(rec.worker_id, now_ms)
+                    if now_ms - since <= self.heartbeat_timeout_ms:
+                        is_waiting = True
+                        continue
+                    out.append((rec, ModelState.FAILED, f"worker {rec.worker_id} not heard from in "
+                                f"{self.heartbeat_timeout_ms:.0f} ms"))
+                    continue
                 out.append((rec, ModelState.FAILED, f"worker {rec.worker_id} silent > {self.heartbeat_timeout_ms:.0f} ms"))
                 continue
             hb = self._heartbeats[rec.worker_id]
@@ -308,7 +346,7 @@ class ClusterView:
                 out.append((rec, ModelState.COLD, "the worker no longer reports this instance"))
             elif st.state != ModelState.ACTIVE:
                 out.append((rec, st.state, f"the worker reports it {st.state.value}"))
-        if not out:
+        if not out and not is_waiting:
             if len(self._cache) > 64:
                 self._cache.clear()
             self._cache[key] = out

@@ -113,7 +113,11 @@ class Reconciler:
             self._released_ms[op.instance_id] = now_ms
             del self._ops[op.instance_id]
 
-    def on_tick(self, now_ms: float) -> ReconcileEffects:
+    def on_tick(self, now_ms: float, *, expected_period_ms: float | None = None,
+                is_listening: bool = True) -> ReconcileEffects:
+        """The periodic re-check. A live shell passes its period and whether it has a bus connection, so that its
+        own stalls and disconnections are not taken for its workers' deaths (ClusterView.on_tick)."""
+        self.view.on_tick(now_ms, expected_period_ms=expected_period_ms, is_listening=is_listening)
         return self._reconcile(now_ms, EffectsBuilder())
 
     def pending_ops(self) -> dict[str, Op]:
