@@ -136,6 +136,10 @@ class ReconcilerPolicy(_Policy):
         "an elastic instance that is draining and wanted again is resumed in place (DRAINING -> ACTIVE, its "
         "weights never left) before a new one is placed: a drained decode instance holds its devices until its "
         "longest sequence ends, and on the headline held 38 % of the busy devices"))
+    no_room_wait_ms: float = Field(default=2_000.0, ge=0, description=(
+        "make before break waits at most this long for a replacement the placer has no device for, none coming up "
+        "and no removal freeing a device for it; then the old instance goes (a steady plan that claimed its device "
+        "otherwise waited forever; docs/sim.md, the five-app ablation)"))
 
 
 class PlannerPolicy(_Policy):

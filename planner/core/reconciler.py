@@ -7,7 +7,12 @@ Level-triggered: every input (plan, heartbeat, record, reply, tick) re-runs the 
 only delays convergence. Order on a device: removals first, and a device takes a new instance only once its
 removal is over (drained and released: the new model needs the room), except that the last ready replicas of a
 model that is only moving stay up until the model can serve without them (make before break: a ready colocated
-replica, or a ready prefill and a ready decode instance). A model with no ready replica is loaded once (from disk or
+replica, or a ready prefill and a ready decode instance), as long as a replacement may still come: when a newcomer
+waits for the device, the placer finds no device for the model's missing instances, none of its wanted instances is
+coming up and no removal is freeing a device the placer could give it, for `ReconcilerPolicy.no_room_wait_ms`, the
+two would wait for each other forever: the old instance goes and the plan wins (a steady
+plan that claimed the device of an elastic instance with no room elsewhere once waited forever: docs/sim.md, "The
+five-app ablation"). A model with no ready replica is loaded once (from disk or
 a peer's warm copy); its other replicas fork from that one when it is ready
 (`ReconcilerPolicy.is_one_load_per_model`). An elastic instance that is draining and wanted again is resumed in
 place (`ReconcilerPolicy.resumes_draining`). A tensor-parallel instance is one command to its lead worker, naming
@@ -52,8 +57,9 @@ class Reconciler:
         self._cooldown_until_ms: dict[tuple[str, str], float] = {}  # (model, worker) -> until
         # A removal the worker confirmed: until a newer heartbeat arrives, the old one still lists the instance.
         self._released_ms: dict[str, float] = {}
+        self._stuck_since_ms: dict[str, float] = {}  # instance id -> since when its make before break has no way out
         self._observed = EffectsBuilder()  # what observe_reply learnt, reported with the next reconciliation
-        self._last_desired: tuple | None = None  # (inputs, (desired, blocked)) of the last placement
+        self._last_desired: tuple | None = None  # (inputs, (desired, blocked, no_room)) of the last placement
 
     # -- inputs: each returns what to do now ------------------------------------------------------------------
 
@@ -147,17 +153,18 @@ class Reconciler:
         alive = self.view.alive_workers(now_ms)
         self._fix_registry(now_ms, alive, out)
         self._expire(now_ms, alive, out)
-        desired, blocked = self._desired(now_ms, alive)
+        desired, blocked, no_room = self._desired(now_ms, alive)
         resident = self.view.resident(alive)
         self._complete(now_ms, alive, resident, out)
         self._cancel_unwanted_retries(now_ms, desired, out)
-        rooms = self._issue_removals(now_ms, alive, desired, resident, out)
+        rooms = self._issue_removals(now_ms, alive, desired, resident, no_room, out)
         self._issue_ups(now_ms, alive, desired, resident, rooms, blocked, out)
         self._track_plans(now_ms, alive, desired, resident, blocked, out)
         return out.build()
 
-    def _desired(self, now_ms: float, alive: set[str]) -> tuple[dict[str, Slot], dict[str, list[str]]]:
-        """The instances the plans want, each on its devices, and what cannot be placed. The same inputs give the
+    def _desired(self, now_ms: float, alive: set[str]) -> tuple[dict[str, Slot], dict[str, list[str]], frozenset[str]]:
+        """The instances the plans want, each on its devices, what cannot be placed (reported), and the models with
+        an elastic instance the placer found no device for. The same inputs give the
         same answer, so it is kept until a plan, an instance's state, a record, a cooldown or liveness changes (a
         tick of a large, busy fleet otherwise places every instance again every 0.2 s)."""
         avoid = frozenset(key for key, until in self._cooldown_until_ms.items() if now_ms < until)
@@ -167,8 +174,8 @@ class Reconciler:
         key = (self.view.structure_version, steady_plan.plan_id if steady_plan else None,
                elastic_plan.plan_id if elastic_plan else None, avoid, self.view.alive_key(alive))
         if self._last_desired is not None and self._last_desired[0] == key:
-            desired, blocked = self._last_desired[1]
-            return desired, {kind: list(details) for kind, details in blocked.items()}
+            desired, blocked, no_room = self._last_desired[1]
+            return desired, {kind: list(details) for kind, details in blocked.items()}, no_room
         blocked: dict[str, list[str]] = {"steady": [], "elastic": []}
         steady = self._adopt(steady_slots(steady_plan), alive)  # type: ignore[arg-type]
         steady_workers = {b.worker_id for b in steady_plan.bins} if steady_plan else set()
@@ -179,8 +186,9 @@ class Reconciler:
         for model, n in sorted(unplaced.items()):
             blocked["elastic"].append(f"{n} instance(s) of {model}: no free device")
         desired = {**elastic, **steady}
-        self._last_desired = (key, (desired, blocked))
-        return desired, {kind: list(details) for kind, details in blocked.items()}
+        no_room = frozenset(unplaced)
+        self._last_desired = (key, (desired, blocked, no_room))
+        return desired, {kind: list(details) for kind, details in blocked.items()}, no_room
 
     def _adopt(self, slots: dict[str, Slot], alive: set[str]) -> dict[str, Slot]:
         """A slot is filled by whatever instance of its model, role and pool already sits on its device, under the
@@ -247,9 +255,10 @@ class Reconciler:
                 out.actions.append(op.action_event("cancelled", now_ms, "cancelled before retry: superseded", error))
                 del self._ops[op.instance_id]
 
-    def _issue_removals(self, now_ms, alive, desired, resident, out) -> set[str]:
+    def _issue_removals(self, now_ms, alive, desired, resident, no_room, out) -> set[str]:
         """Removals of resident instances nobody wants; returns the devices that are not ready for a newcomer: a
-        removal pending, under way (a drain) or deferred (make before break)."""
+        removal pending, under way (a drain) or deferred (make before break). `no_room`: models with elastic
+        instances the placer found no device for."""
         ready = self.view.ready_ids(alive)
         waiting_workers = {w for iid in desired.keys() - ready for w in desired[iid].worker_ids}
         steady_plan = self._plans.get("steady")
@@ -262,6 +271,7 @@ class Reconciler:
             if iid not in desired:
                 pending.update(s.worker_ids)
         unwanted = sorted(resident.keys() - desired.keys())
+        stuck: list[tuple[str, SeenInstance, Op | None]] = []
         by_model: dict[str, list[Slot]] = {}
         handed_over: set[str] = set()
         if unwanted:
@@ -292,20 +302,50 @@ class Reconciler:
             yields = any(d.pool == Pool.STEADY for d in wanted) and any(w in waiting_workers for w in s.worker_ids)
             if ((wanted or model in handed_over) and self.view.is_ready(iid, alive)
                     and not self._can_serve(wanted, alive) and not yields):
-                continue  # make before break: the model cannot serve without it yet
-            action = LifecycleAction(
-                self.policy.steady_removal_action if pool == Pool.STEADY else self.policy.elastic_removal_action
-            )
-            plan = self._plans.get(pool.value) or self._plans.get("steady")
-            self._send(now_ms, Slot(iid, model, s.worker_id, s.status.role, pool, plan.plan_id if plan else "",
-                                    s.status.peer_worker_ids), action, None, op, out)
-            rec = self.view.record(iid)
-            if rec is not None and rec.is_ready:  # stop routing to it now, not when the drain ends
-                fixed = rec.model_copy(update={"is_ready": False, "state": ModelState.DRAINING,
-                                               "updated_unix_ms": now_ms})
-                self.view.on_record(fixed)
-                out.registry_updates.append(fixed)
+                # make before break: the model cannot serve without it yet. A replacement may be coming up; with
+                # none coming, no device for the missing ones and a newcomer waiting for this device, the two
+                # may wait for each other forever (below). With no newcomer waiting here, it keeps serving.
+                if (model in no_room and all(d.instance_id in ready for d in wanted)
+                        and any(w in waiting_workers for w in s.worker_ids)):
+                    stuck.append((iid, s, op))
+                continue
+            self._remove(now_ms, iid, s, op, out)
+        # No replacement is coming and the placer has no device for one: while a removal frees a device it could
+        # use, wait for it; once nothing has moved for no_room_wait_ms (a plan that frees one may be a tick away),
+        # the device this instance holds may be the very one a replacement (or the instance whose leaving frees
+        # one) waits for, so it goes.
+        if stuck and self._is_freeing_elastic_room(alive, desired, steady_workers):
+            stuck = []
+        since = {iid: self._stuck_since_ms.get(iid, now_ms) for iid, _, _ in stuck}
+        self._stuck_since_ms = since
+        for iid, s, op in stuck:
+            if now_ms - since[iid] >= self.policy.no_room_wait_ms:
+                self._remove(now_ms, iid, s, op, out)
         return pending
+
+    def _is_freeing_elastic_room(self, alive: set[str], desired: dict[str, Slot], steady_workers: set[str]) -> bool:
+        """Whether a removal in flight (or a drain of an instance nobody wants) will free a device the elastic
+        placer may use (one outside the steady plan)."""
+        for op in self._ops.values():
+            if not op.is_up and any(w not in steady_workers for w in op.worker_ids):
+                return True
+        return any(iid not in desired and any(w not in steady_workers for w in s.worker_ids)
+                   for iid, s in self.view.draining(alive).items())
+
+    def _remove(self, now_ms: float, iid: str, s: SeenInstance, op: Op | None, out: EffectsBuilder) -> None:
+        pool = s.status.pool
+        action = LifecycleAction(
+            self.policy.steady_removal_action if pool == Pool.STEADY else self.policy.elastic_removal_action
+        )
+        plan = self._plans.get(pool.value) or self._plans.get("steady")
+        self._send(now_ms, Slot(iid, s.status.model, s.worker_id, s.status.role, pool, plan.plan_id if plan else "",
+                                s.status.peer_worker_ids), action, None, op, out)
+        rec = self.view.record(iid)
+        if rec is not None and rec.is_ready:  # stop routing to it now, not when the drain ends
+            fixed = rec.model_copy(update={"is_ready": False, "state": ModelState.DRAINING,
+                                           "updated_unix_ms": now_ms})
+            self.view.on_record(fixed)
+            out.registry_updates.append(fixed)
 
     def _handed_to_elastic(self) -> set[str]:
         """Models the steady plan hands to the elastic pool that the elastic plan has not placed yet: it predates
