@@ -29,7 +29,7 @@ def janus_policies(policy: dict | None = None) -> tuple:
 
 def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle") \
         -> dict[str, Callable[[], ControlPlane]]:
-    from .systems.baselines import BlitzScaleLike, PrismLike
+    from .systems.baselines import BlitzScaleLike, PrismJanusAllocator, PrismLike
     from .systems.janus import JanusControl
     from .systems.static import StaticPartition
 
@@ -44,6 +44,7 @@ def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-
         "janus": janus("both"),
         "static": lambda: StaticPartition(),
         "prism-like": lambda: PrismLike(),
+        "prism-janus-allocator": lambda: PrismJanusAllocator(planner),
         "blitzscale-like": lambda: BlitzScaleLike(),
         "steady-only": janus("steady_only"),
         "elastic-only": janus("elastic_only"),
@@ -61,7 +62,7 @@ def uses_learned_oracle(system: str) -> bool:
 
 SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
 # Not in the default run: experiments one can name with --systems (docs/sim.md).
-EXTRA_SYSTEM_NAMES = ("janus-no-resume", "janus-learned", "janus-roofline")
+EXTRA_SYSTEM_NAMES = ("janus-no-resume", "janus-learned", "janus-roofline", "prism-janus-allocator")
 
 # Relative CPU time of each system on the headline run (run 15, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long

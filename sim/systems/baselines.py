@@ -4,6 +4,12 @@
   its busiest window of the last period needs; models needing under half a device share devices (first-fit
   decreasing by memory, as Prism shares GPUs by memory), the rest get dedicated groups. The pool is the whole
   fleet and stays reserved (its device-hours are the fleet's).
+- Prism with Janus's global allocator (`prism-janus-allocator`, the paper's comparison): Prism-like's runtime (a
+  placement every 30 s sized on the busiest window of the last period, the pool manager, least-load dispatch, the
+  whole fleet reserved, no fast path), with the allocation decided by Janus's cores: the steady planner's pool
+  assignment and packing (planner.core.SteadyPlanner), and the elastic scaler's oracle-sized counts within the
+  devices the packing leaves (planner.core.ElasticScaler; no debounce: at one plan per period, two agreeing plans
+  would hold a change for a minute). The same oracle as the simulated Janus (systems/janus.py `make_oracle`).
 - BlitzScale-like: per-app autoscaling, no shared steady pool. Every 0.5 s each model gets the colocated replicas its
   current load needs at a target utilisation, at least one; scale-out forks from a live replica over the device
   link (BlitzScale's fast live scaling), scale-in waits `scale_in_hold_s`.
@@ -12,12 +18,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 from contracts import ModelLoadWindow
 from dispatcher.core import Algorithm
 
 from .base import ControlPlane, SystemRun, initial_features
 from .pools import PoolManager
+
+if TYPE_CHECKING:
+    from planner.core import PlannerPolicy
 
 
 def replicas_for_load(cost, features, utilisation: float, decode_batch: int = 64) -> int:
@@ -146,3 +156,59 @@ class PrismLike(ControlPlane):
         keep = sorted(self.pools.steady_devices)[:num]
         free = [d for d in self.run.sim.free_device_ids() if d not in keep]
         return keep + free[: num - len(keep)]
+
+
+class PrismJanusAllocator(PrismLike):
+    """Prism-like with Janus's global allocator: every period, the busiest window of the last period goes to the
+    steady planner (which models share devices, packed where) and to the elastic scaler (replicas of the others,
+    within the devices the steady pool leaves); the pool manager carries the result out."""
+
+    name = "prism-janus-allocator"
+
+    def __init__(self, planner_policy: "PlannerPolicy | None" = None, period_s: float = 30.0):
+        super().__init__(period_s=period_s)
+        from planner.core import PlannerPolicy
+
+        policy = planner_policy or PlannerPolicy()
+        self.planner_policy = policy.model_copy(update={"elastic": policy.elastic.model_copy(
+            update={"is_debounced": False})})
+
+    def install(self, run: SystemRun) -> None:
+        from planner.core import ElasticScaler, SteadyPlanner
+
+        from ..oracle_cache import CachedOracle
+        from .fleet import worker_id_of
+        from .janus import make_oracle
+
+        p = self.planner_policy
+        oracle = CachedOracle(make_oracle(run))
+        self.steady = SteadyPlanner(oracle, p.steady, p.pool, id_prefix="prism-steady")
+        self.scaler = ElasticScaler(oracle, p.elastic)
+        self.names = list(run.scenario.trace.app_names)
+        self.workers = [worker_id_of(d) for d in range(run.scenario.num_devices)]
+        self.tp = {n: run.costs[a].tp for a, n in enumerate(self.names)}
+        super().install(run)
+
+    def _place(self, now_s: float, preloaded: bool = False) -> None:
+        from planner.core import elastic_models_of
+
+        from .fleet import device_of
+        from .janus import window_of
+
+        now_ms = now_s * 1e3
+        for app, h in self.history.items():  # the period's busiest window is the load both planners see
+            peak = max((f for _, f in h), key=lambda f: f.token_rate_tps, default=None)
+            if peak is not None:
+                window = window_of(self.names[app], peak, self.period_s, now_ms)
+                self.steady.observe(window)
+                self.scaler.observe(window)
+        plan = self.steady.plan(now_ms, self.names, self.workers, trigger="startup" if preloaded else "periodic").plan
+        bins = {device_of(b.worker_id): [self.index[m] for m in b.models] for b in plan.bins}
+        self.pools.apply_steady(bins, now_s, preloaded)
+        in_flight = {self.names[app]: sum(i.num_in_flight for i in insts)
+                     for (app, _), insts in self.pools.elastic.items()}
+        elastic = self.scaler.tick(now_ms, elastic_models_of(plan, self.names), len(self.workers) - len(bins),
+                                   devices_per_instance=self.tp, in_flight=in_flight).plan
+        targets = {self.index[t.model]: (t.num_prefill, t.num_decode) for t in elastic.targets}
+        rate = {app: self.history[app][-1][1].token_rate_tps if self.history[app] else 0.0 for app in targets}
+        self.pools.apply_elastic(targets, now_s, rate, preloaded)

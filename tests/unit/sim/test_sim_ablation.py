@@ -77,3 +77,23 @@ def test_a_tiny_ablation_through_janus_sim(tmp_path):
     series = summary["series"]["janus"]
     assert series["shock_app"] == "tail-8b" and len(series["shocked"]) == len(series["bin_start_s"])
     assert fig.stat().st_size > 0
+
+
+def test_prism_with_janus_allocator_packs_the_tail_and_sizes_the_rest_with_the_oracle():
+    """`prism-janus-allocator` (sim/systems/baselines.py): at its first placement the steady planner packs the four
+    tail models onto shared devices and the elastic scaler gives the hot model the oracle's count within what the
+    packing leaves; the run then goes through to an attainment."""
+    from sim.runner import _systems
+    from sim.systems.base import SystemRun
+
+    scenario = AblationSpec(num_devices=9, duration_s=40.0, shock_at_s=20.0).build()
+    control = _systems()["prism-janus-allocator"]()
+    run = SystemRun(scenario, control)
+    result = run.run()
+    pools = control.pools
+    steady_apps = {a for (_, a) in pools.steady}
+    assert {1, 2, 3, 4} & steady_apps and len(pools.steady_devices) < len(steady_apps), "tail models share devices"
+    hot = sum(len(v) for (app, _), v in pools.elastic.items() if app == 0)
+    assert 1 <= hot <= scenario.num_devices - len(pools.steady_devices)
+    assert control.planner_policy.elastic.is_debounced is False
+    assert 0.0 < result.summary.token_attainment <= 1.0
