@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
     POISON_REQUEST = "poison_request"  # failed on two instances: not dispatched again (HTTP 500)
     NOT_FOUND = "not_found"  # no such route (HTTP 404; an unknown model is UNKNOWN_MODEL)
+    STALE_EPOCH = "stale_epoch"  # a lifecycle command from a reconciler term older than one the worker has seen
 
 
 class ErrorInfo(Message):

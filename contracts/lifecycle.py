@@ -89,6 +89,10 @@ class LifecycleCommand(Message):
                                              "group: this worker leads the instance across them")
     plan_id: str = ""
     issued_unix_ms: float
+    # fencing: the reconciler leader's term and who it is; a worker refuses a command older than the newest epoch it
+    # has seen (ErrorCode.STALE_EPOCH), so a reconciler that lost its lease cannot act (docs/operations.md)
+    epoch: int = Field(default=0, ge=0, description="the reconciler leader's term (planner/leader.py)")
+    issued_by: str = Field(default="", description="the reconciler instance that sent it")
     deadline_ms: float = Field(default=60_000, gt=0, description="the worker gives up after this long")
 
 

@@ -55,6 +55,7 @@ class SteadyPlan(AuditEvent):
     reason: str = ""
     decision_ms: float = Field(default=0.0, ge=0)
     is_observe_only: bool = False
+    epoch: int = Field(default=0, ge=0, description="the planner leader's term (planner/leader.py); 0: unelected")
 
 
 class ElasticTarget(Message):
@@ -80,6 +81,7 @@ class ElasticPlan(AuditEvent):
     reason: str = ""
     decision_ms: float = Field(default=0.0, ge=0)
     is_observe_only: bool = False
+    epoch: int = Field(default=0, ge=0, description="the planner leader's term (planner/leader.py); 0: unelected")
 
 
 class PlanAction(AuditEvent):

@@ -36,6 +36,8 @@ HEALTH_WILDCARD = f"{PREFIX}.health.>"
 HEALTH_ALL = f"{PREFIX}.health.all"
 # KV buckets
 INSTANCES_BUCKET = "instances"
+# the planners' leases: one key per role (steady-planner, elastic-scaler, reconciler), entries expire (planner/leader.py)
+LEASES_BUCKET = "leases"
 # gateway replies: <REPLY_PREFIX>.<gateway id>.<request id>
 REPLY_PREFIX = f"{PREFIX}.reply"
 

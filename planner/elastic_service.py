@@ -20,12 +20,13 @@ from .core.fleet_state import elastic_budget_devices, elastic_models_of, in_flig
 from .core.elastic import ElasticScaler, plan_decision
 from .core.oracle_port import OracleAnswerError
 from .core.policy import PlannerPolicy
+from .leader import Elected, leadership_detail
 from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, plan_id_prefix, publish_event
 
 log = logging.getLogger("janus.planner.elastic")
 
 
-class ElasticScalerService(Service):
+class ElasticScalerService(Elected, Service):
     name = "elastic-scaler"
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
@@ -41,6 +42,8 @@ class ElasticScalerService(Service):
         self.num_ticks = 0
         self.num_published = 0
         self.num_failures = 0
+        self._ticking = asyncio.Lock()  # one tick at a time: the core is not thread-safe
+        self._early: asyncio.Task | None = None
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
@@ -51,10 +54,19 @@ class ElasticScalerService(Service):
         await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         await bus.subscribe(subjects.PLAN_STEADY, SteadyPlan, self._on_steady_plan)
+        await self.campaign()
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task, what="elastic scaler")
+        await cancel_and_wait(self._task, self._early, what="elastic scaler")
+        await self.end_campaign()
+
+    async def _on_leadership(self, is_leader: bool) -> None:
+        """Taking over: tick at once (the first plan of a term is always published), not at the next period."""
+        if is_leader and (self._early is None or self._early.done()):
+            self._early = asyncio.create_task(self._tick_logged())
+        elif not is_leader:
+            self.last_published = None  # a later term starts with a published plan
 
     def health_detail(self) -> dict[str, str]:
         detail = {"ticks": str(self.num_ticks), "published": str(self.num_published),
@@ -62,7 +74,7 @@ class ElasticScalerService(Service):
         if self.last_published is not None:
             detail["last_plan"] = self.last_published.plan_id
             detail["elastic_devices"] = str(self.last_published.num_devices_used)
-        return detail
+        return detail | leadership_detail(self.leadership)
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         self._windows.append(window)
@@ -77,15 +89,28 @@ class ElasticScalerService(Service):
     async def _periodic(self) -> None:
         while True:
             started = time.monotonic()
-            try:
-                await self.tick_once()
-            except Exception:  # noqa: BLE001 - one bad tick must not stop scaling for good
-                self.num_failures += 1
-                log.exception("elastic scaler: tick failed")
+            await self._tick_logged()
             await asyncio.sleep(max(0.0, self.policy.elastic.period_s - (time.monotonic() - started)))
 
+    async def _tick_logged(self) -> None:
+        try:
+            await self.tick_once()
+        except Exception:  # noqa: BLE001 - one bad tick must not stop scaling for good
+            self.num_failures += 1
+            log.exception("elastic scaler: tick failed")
+
     async def tick_once(self) -> ElasticPlan | None:
-        """One tick; returns the plan when it was published."""
+        """One tick; returns the plan when it was published. A standby only feeds the load windows to its core (so
+        that it knows the recent load when it takes over)."""
+        async with self._ticking:
+            if not self.is_leader():
+                windows, self._windows = self._windows, []
+                for w in windows:
+                    self.core.observe(w)
+                return None
+            return await self._tick_once()
+
+    async def _tick_once(self) -> ElasticPlan | None:
         assert self.core is not None and self.bus is not None
         if self.steady_plan is None:
             return None  # which models are elastic, and what the steady pool leaves, come with a steady plan
@@ -111,7 +136,9 @@ class ElasticScalerService(Service):
             log.warning("elastic scaler: no plan this tick: %s", exc)
             return None
         self.num_ticks += 1
-        plan = decision.plan.model_copy(update={"decision_ms": decision_ms})
+        if not self.is_leader():  # deposed while deciding: the new leader publishes
+            return None
+        plan = decision.plan.model_copy(update={"decision_ms": decision_ms, "epoch": self.leadership.epoch})
         is_changed = self.last_published is None or plan_decision(plan) != plan_decision(self.last_published)
         if not is_changed and now - self._last_published_ms < self.policy.elastic_republish_s * 1000.0:
             return None

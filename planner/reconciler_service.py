@@ -30,12 +30,13 @@ from runtime.settings import ClusterConfig, JanusSettings
 from .core.commands import ReconcileEffects
 from .core.policy import PlannerPolicy
 from .core.reconciler import Reconciler
+from .leader import Elected, leadership_detail
 from .shell import ensure_plans_stream, last_plan, now_ms, publish_event
 
 log = logging.getLogger("janus.planner.reconciler")
 
 
-class ReconcilerService(Service):
+class ReconcilerService(Elected, Service):
     name = "reconciler"
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
@@ -50,47 +51,75 @@ class ReconcilerService(Service):
         self.num_failed_actions = 0
         self.num_unaudited = 0
         self.plan_statuses: list = []  # the latest few, for health and tests
-        self.resumed_plan_ids: list[str] = []  # the plans found in PLANS at start (a restart carries them on)
+        self.resumed_plan_ids: list[str] = []  # the plans found in PLANS when this copy took office
+        self._watch_task: asyncio.Task | None = None
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
         self._kv = await instances_bucket(bus.js, self.cluster)  # with the cluster's replicas, should it be first
-        self._watcher = await self._kv.watchall()
-        self._tasks.append(asyncio.create_task(self._watch_registry()))
+        await self._watch_from_snapshot()
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         await bus.subscribe(subjects.PLAN_STEADY, SteadyPlan, self._on_steady)
         await bus.subscribe(subjects.PLAN_ELASTIC, ElasticPlan, self._on_elastic)
-        for subject, tp, handler in ((subjects.PLAN_STEADY, SteadyPlan, self.core.on_steady_plan),
-                                     (subjects.PLAN_ELASTIC, ElasticPlan, self.core.on_elastic_plan)):
-            plan = await last_plan(bus, subject, tp)
-            if plan is not None:
-                self.resumed_plan_ids.append(plan.plan_id)
-                await self._apply(handler(now_ms(), plan))
+        await self.campaign()  # only the leader acts; a standby's core observes heartbeats and the registry
         self._tasks.append(asyncio.create_task(self._periodic()))
 
     async def stop(self) -> None:
+        await self._stop_watch()
+        await cancel_and_wait(*self._tasks, what="reconciler")
+        await self.end_campaign()
+
+    async def _on_leadership(self, is_leader: bool) -> None:
+        async with self._lock:
+            if not is_leader:
+                # what the old term's core waits for may never come: the next term starts from a fresh core, a
+                # fresh registry snapshot and the plans in PLANS, as a restart does
+                self.core = Reconciler(self.policy.reconciler)
+                await self._watch_from_snapshot()
+                return
+        await self._resume_plans()
+
+    async def _resume_plans(self) -> None:
+        """Carry on the latest steady and elastic plans in PLANS (after a restart, or on taking over)."""
+        assert self.bus is not None
+        self.resumed_plan_ids = []
+        for subject, tp, handler in ((subjects.PLAN_STEADY, SteadyPlan, self.core.on_steady_plan),
+                                     (subjects.PLAN_ELASTIC, ElasticPlan, self.core.on_elastic_plan)):
+            plan = await last_plan(self.bus, subject, tp)
+            if plan is not None:
+                self.resumed_plan_ids.append(plan.plan_id)
+                await self._apply(handler(now_ms(), plan))
+
+    async def _watch_from_snapshot(self) -> None:
+        await self._stop_watch()
+        self._watcher = await self._kv.watchall()
+        self._watch_task = asyncio.create_task(self._watch_registry(self._watcher))
+
+    async def _stop_watch(self) -> None:
         if self._watcher is not None:  # a KV watcher left running makes drain() hang for 30 s
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
-        await cancel_and_wait(*self._tasks, what="reconciler")
+        await cancel_and_wait(self._watch_task, what="registry watch")
 
     def health_detail(self) -> dict[str, str]:
         return {"commands": str(self.num_commands), "failed_actions": str(self.num_failed_actions),
                 "in_flight": str(len(self.core.pending_ops())), "resumed": ",".join(self.resumed_plan_ids),
-                "unaudited": str(self.num_unaudited)}
+                "unaudited": str(self.num_unaudited)} | leadership_detail(self.leadership)
 
     # --- inputs ---
     async def _on_steady(self, plan: SteadyPlan, env: Envelope) -> None:
-        await self._apply(self.core.on_steady_plan(now_ms(), plan))
+        if self.is_leader():  # a standby takes the latest plan from PLANS when it takes over
+            await self._apply(self.core.on_steady_plan(now_ms(), plan))
 
     async def _on_elastic(self, plan: ElasticPlan, env: Envelope) -> None:
-        await self._apply(self.core.on_elastic_plan(now_ms(), plan))
+        if self.is_leader():
+            await self._apply(self.core.on_elastic_plan(now_ms(), plan))
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self.core.observe_heartbeat(now_ms(), hb)  # reconciled on the next tick: heartbeats are many
 
-    async def _watch_registry(self) -> None:
-        async for entry in self._watcher:
+    async def _watch_registry(self, watcher) -> None:
+        async for entry in watcher:
             if entry is None:  # end of the initial snapshot
                 continue
             if entry.operation in ("DEL", "PURGE") or not entry.value:
@@ -104,14 +133,19 @@ class ReconcilerService(Service):
     async def _periodic(self) -> None:
         while True:
             await asyncio.sleep(self.policy.reconcile_period_s)
+            if not self.is_leader():
+                continue
             try:
-                await self._apply(self.core.on_tick(now_ms()))
+                # its own stalls and lost connection are not its workers' silence (ClusterView.on_tick)
+                is_listening = self.bus is None or self.bus.nc.is_connected
+                await self._apply(self.core.on_tick(now_ms(), expected_period_ms=self.policy.reconcile_period_s * 1e3,
+                                                    is_listening=is_listening))
             except Exception:  # noqa: BLE001 - one bad tick must not stop reconciliation for good
                 log.exception("reconciler tick failed")
 
     # --- outputs ---
     async def _apply(self, effects: ReconcileEffects) -> None:
-        if effects.is_empty:
+        if effects.is_empty or not self.is_leader():  # deposed meanwhile: the next term starts afresh
             return
         assert self.bus is not None and self._kv is not None
         async with self._lock:
@@ -142,7 +176,9 @@ class ReconcilerService(Service):
             log.error("audit event on %s not stored (%s): %s", subject, exc, event.model_dump_json())
 
     async def _send(self, cmd: LifecycleCommand) -> None:
-        assert self.bus is not None
+        assert self.bus is not None and self.leadership is not None
+        # fencing: workers refuse a command of an older term than one they have seen (worker/core/fencing.py)
+        cmd = cmd.model_copy(update={"epoch": self.leadership.epoch, "issued_by": self.instance})
         try:
             reply = await self.bus.request(subjects.worker_cmd(cmd.worker_id), cmd, LifecycleReply,
                                            timeout_s=cmd.deadline_ms / 1000.0)

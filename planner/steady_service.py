@@ -21,12 +21,13 @@ from .core.fleet_state import reported, steady_worker_order
 from .core.overflow import OverflowWatch
 from .core.policy import PlannerPolicy
 from .core.steady import SteadyPlanner
-from .shell import WorkerLiveness, ensure_plans_stream, now_ms, plan_id_prefix, publish_event
+from .leader import Elected, leadership_detail
+from .shell import WorkerLiveness, ensure_plans_stream, last_plan, now_ms, plan_id_prefix, publish_event
 
 log = logging.getLogger("janus.planner.steady")
 
 
-class SteadyPlannerService(Service):
+class SteadyPlannerService(Elected, Service):
     name = "steady-planner"
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
@@ -44,6 +45,7 @@ class SteadyPlannerService(Service):
         self.num_plans = 0
         self.num_overflow_plans = 0
         self.num_failures = 0
+        self._inherited: SteadyPlan | None = None  # the last plan in PLANS when this copy took over
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
@@ -53,10 +55,22 @@ class SteadyPlannerService(Service):
                                   is_observe_only=self.policy.is_observe_only)
         await bus.subscribe(subjects.MODEL_TELEMETRY_WILDCARD, ModelLoadWindow, self._on_window, traced=False)
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
+        await self.campaign()
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task, self._early, what="steady planner")
+        await self.end_campaign()
+
+    async def _on_leadership(self, is_leader: bool) -> None:
+        """Taking over: carry on from the last plan in PLANS (its worker order keeps bins in place), and plan at once
+        unless the service is still in its start-up delay (the periodic round comes then)."""
+        if not is_leader or self.bus is None:
+            return
+        self._inherited = await last_plan(self.bus, subjects.PLAN_STEADY, SteadyPlan)  # type: ignore[assignment]
+        if time.monotonic() - self.started_monotonic >= self.policy.startup_delay_s and (
+                self._early is None or self._early.done()):
+            self._early = asyncio.create_task(self.plan_once("startup"))
 
     def health_detail(self) -> dict[str, str]:
         detail = {"plans": str(self.num_plans), "overflow_plans": str(self.num_overflow_plans),
@@ -64,12 +78,12 @@ class SteadyPlannerService(Service):
         if self.last_plan is not None:
             detail["last_plan"] = self.last_plan.plan_id
             detail["steady_devices"] = str(len(self.last_plan.bins))
-        return detail
+        return detail | leadership_detail(self.leadership)
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         self._windows.append(window)  # handed to the core at the next plan, in the core's thread
         self.overflow.observe(window)
-        if self.last_plan is None or (self._early is not None and not self._early.done()):
+        if self.last_plan is None or (self._early is not None and not self._early.done()) or not self.is_leader():
             return
         overflowing = self.overflow.due(now_ms(), self.last_plan.steady_models)
         if overflowing:
@@ -92,14 +106,18 @@ class SteadyPlannerService(Service):
             await asyncio.sleep(max(0.0, self.policy.steady.period_s - (time.monotonic() - started)))
 
     async def plan_once(self, trigger: str = "periodic") -> SteadyPlan | None:
-        """Plan now and publish; None when there is nothing to plan on (no live worker) or the oracle failed."""
+        """Plan now and publish; None when there is nothing to plan on (no live worker), the oracle failed, or this
+        copy does not lead."""
         async with self._planning:
+            if not self.is_leader():
+                return None
             return await self._plan_once(trigger)
 
     async def _plan_once(self, trigger: str) -> SteadyPlan | None:
         assert self.core is not None and self.bus is not None
         now = now_ms()
-        workers = steady_worker_order(self.workers.alive(now), self.last_plan, reported(self.workers.heartbeats(now)))
+        workers = steady_worker_order(self.workers.alive(now), self.last_plan or self._inherited,
+                                      reported(self.workers.heartbeats(now)))
         if not workers:
             log.info("steady planner: no live worker yet, no plan")
             return None
@@ -119,7 +137,9 @@ class SteadyPlannerService(Service):
             self.num_failures += 1
             log.warning("steady planner: no plan this period: %s", exc)
             return None
-        plan = decision.plan.model_copy(update={"decision_ms": decision_ms})
+        if not self.is_leader():  # deposed while deciding: the new leader plans
+            return None
+        plan = decision.plan.model_copy(update={"decision_ms": decision_ms, "epoch": self.leadership.epoch})
         await publish_event(self.bus, subjects.PLAN_STEADY, plan)
         self.last_plan = plan
         self.num_plans += 1

@@ -21,6 +21,13 @@ HEALTH = "janus.health.>"
 PLANS = subjects.PLANS_STREAM
 KV_STREAM = f"KV_{subjects.INSTANCES_BUCKET}"  # the stream behind the `instances` KV bucket
 KV_INSTANCES_WRITE = f"$KV.{subjects.INSTANCES_BUCKET}.>"  # a KV put or delete is a publish on $KV.<bucket>.<key>
+KV_LEASES = f"KV_{subjects.LEASES_BUCKET}"  # the planners' leader leases (planner/leader.py)
+
+
+def lease(role: str) -> tuple[str, ...]:
+    """A planner's campaign: create the lease bucket when first, read a lease (a refused create looks at the key),
+    and write its own role's key only: a planner cannot take, refresh or delete another role's lease."""
+    return (*js_create(KV_LEASES), *js_get(KV_LEASES), f"$KV.{subjects.LEASES_BUCKET}.{role}")
 
 
 # JetStream is reached only through API subjects named after one stream, never "$JS.API.>": with the whole API a
@@ -81,19 +88,22 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
         subscribe=("janus.oracle.>", "janus.telemetry.model.*", "janus.telemetry.worker.*", INBOX, HEALTH)),
     # the planners append to PLANS (each event chained to the last one, which they read) and configure it
     "steady-planner": Permissions(
-        publish=("janus.plan.steady", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS), INBOX),
+        publish=("janus.plan.steady", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS),
+                 *lease("steady-planner"), INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),
     "elastic-scaler": Permissions(
-        publish=("janus.plan.elastic", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS), INBOX),
+        publish=("janus.plan.elastic", "janus.oracle.>", *js_configure(PLANS), *js_get(PLANS),
+                 *lease("elastic-scaler"), INBOX),
         subscribe=("janus.telemetry.>", "janus.plan.>", INBOX, HEALTH)),
     "reconciler": Permissions(
         publish=("janus.worker.*.cmd", "janus.plan.action", "janus.plan.status", KV_INSTANCES_WRITE,
-                 *js_configure(PLANS), *js_get(PLANS), *js_create(KV_STREAM), *js_read(KV_STREAM), INBOX),
+                 *js_configure(PLANS), *js_get(PLANS), *js_create(KV_STREAM), *js_read(KV_STREAM),
+                 *lease("reconciler"), INBOX),
         subscribe=("janus.plan.>", "janus.telemetry.>", "janus.event.lifecycle", INBOX, HEALTH)),
     # people and tools (janus up's health checks, janus status, janus audit): read everything, command nothing, and
     # create, change, delete or purge nothing in JetStream
     "operator": Permissions(
-        publish=(HEALTH, *js_read(PLANS), *js_read(KV_STREAM), INBOX),
+        publish=(HEALTH, *js_read(PLANS), *js_read(KV_STREAM), *js_read(KV_LEASES), INBOX),
         subscribe=(">",)),
 }
 

@@ -43,6 +43,7 @@ from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .compactor import Compactor
+from .core.fencing import EpochFence
 from .core.lifecycle import drain_decision
 from .core.stream_log import StreamLog
 from .core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
@@ -76,6 +77,7 @@ class WorkerService(Service):
         self.transfer = None  # worker.transfer.MooncakeTransfer, or None where it cannot run
         self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None)
         self.commands = CommandBook()
+        self.fence = EpochFence()  # the newest reconciler epoch seen: older commands are refused
         self.pd = PrefillDecodeFlow(self)
         self._tracks: dict[str, RequestTrack] = {}
         self.stream_log = StreamLog()  # what was streamed, for gateways that lost some of it (resend)
@@ -204,12 +206,18 @@ class WorkerService(Service):
     async def _on_command(self, cmd: LifecycleCommand, env: Envelope) -> None:
         """Request/reply on janus.worker.<worker>.cmd; each command runs in its own task (one at a time per
         instance) so a long load does not hold up the others, and a repeat gets the first one's answer."""
-        if self.is_stopping and cmd.command_id not in self.commands:
+        refusal = self.fence.admit(cmd.epoch, cmd.issued_by)  # a deposed reconciler's command (fencing)
+        if refusal is None and self.is_stopping and cmd.command_id not in self.commands:
             message = f"{self.worker_id} is stopping"
+            refusal = ErrorInfo(code=ErrorCode.UNAVAILABLE, message=message, retryable=True)
+        if refusal is not None:
+            if refusal.code == ErrorCode.STALE_EPOCH:
+                log.warning("%s: %s", self.worker_id, refusal.message)
+            inst = self.residents.get(cmd.instance_id)
             if env.reply:
                 await self.bus.publish(env.reply, LifecycleReply(
-                    command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False, state=ModelState.COLD,
-                    detail=message, error=ErrorInfo(code=ErrorCode.UNAVAILABLE, message=message, retryable=True)),
+                    command_id=cmd.command_id, instance_id=cmd.instance_id, ok=False,
+                    state=inst.state if inst else ModelState.COLD, detail=refusal.message, error=refusal),
                     propagate=False)
             return
         task = self.commands.submit(cmd, self.lifecycle.execute)

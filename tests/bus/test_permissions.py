@@ -284,6 +284,9 @@ FORBIDDEN_FOR_SOME = {
                            ("gateway", "dispatcher", "oracle", "steady-planner", "elastic-scaler", "operator")),
     "append to PLANS": ((lambda js: js.publish("janus.plan.steady", b"{}"), "janus.plan.steady"),
                         ("gateway", "dispatcher", "worker", "oracle", "elastic-scaler", "reconciler", "operator")),
+    "take the reconciler's lease": ((lambda js: js.publish("$KV.leases.reconciler", b"{}"), "$KV.leases.reconciler"),
+                                    ("gateway", "dispatcher", "worker", "oracle", "steady-planner", "elastic-scaler",
+                                     "operator")),
 }
 
 
@@ -455,3 +458,33 @@ async def test_each_service_does_its_jetstream_work_with_its_own_user(fresh_secu
     assert rc == 0 and "intact: 3 event(s)" in out, out
     refused = {u: _violations(server, u) for u in SERVICE_PERMISSIONS}
     assert not any(refused.values()), refused
+
+
+async def test_each_planner_campaigns_for_its_own_lease_with_its_own_user(fresh_secured):
+    """planner/leader.py with each planner's NATS user: the lease bucket created by the first, each role's lease
+    taken and refreshed, nothing refused (and the operator reads the leases)."""
+    from planner.leader import Leadership
+
+    server, creds = fresh_secured
+    campaigns = []
+    for role in ("steady-planner", "elastic-scaler", "reconciler"):
+        campaign = Leadership(await _js_bus(server, creds, role), role, f"{role}-0")
+        await campaign.start()
+        campaigns.append(campaign)
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not all(c.is_leader() for c in campaigns):
+            assert asyncio.get_running_loop().time() < deadline, "a planner could not take its lease"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3 * campaigns[0].lease.policy.refresh_s)  # refreshed a few times
+        assert all(c.is_leader() for c in campaigns)
+        operator = await _js_bus(server, creds, "operator")
+        kv = await operator.js.key_value("leases")
+        assert b"reconciler-0" in (await kv.get("reconciler")).value
+        await operator.close()
+        for role in ("steady-planner", "elastic-scaler", "reconciler", "operator"):
+            assert not _violations(server, role), role
+    finally:
+        for campaign in campaigns:
+            await campaign.stop()
+            await campaign.bus.close()

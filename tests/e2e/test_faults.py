@@ -4,6 +4,7 @@ must be 0, and what completed must be whole."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -112,7 +113,13 @@ async def test_planners_killed_and_restarted_resume_from_the_plan_stream(tmp_pat
         assert at_kill is not None, "the steady planner published before it was killed"
         assert set(cluster.restart_crashed()) == planners
         await cluster.wait_healthy(120)
-        health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
+        # it leads once the killed copy's lease has expired (planner/leader.py: 1.5 s), and then resumes
+        deadline = time.monotonic() + 15
+        while True:
+            health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
+            if at_kill.plan_id in health.detail["resumed"].split(",") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         assert at_kill.plan_id in health.detail["resumed"].split(","), "the new reconciler carries the last plan on"
         summary = report("planners killed and restarted", await running)
         # the data path does not depend on the planners: every stream completes, whole
