@@ -128,9 +128,9 @@ class WorkerService(Service):
         self.pages = XTensor.open(self.device, workers.pool_bytes, config)
         self.compactor = Compactor(self.pages)
         try:
-            from .transfer import MooncakeTransfer, TransferError
+            from .transfer import MooncakeTransfer, TransferError, transfer_settings
 
-            self.transfer = MooncakeTransfer.start()
+            self.transfer = MooncakeTransfer.start(transfer_settings(self.settings.nats_url))
             region = self.pages.global_region
             self.transfer.register(region.base_address, region.num_bytes)  # first: peers find it as our base
         except (ImportError, TransferError) as exc:

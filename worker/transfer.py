@@ -12,9 +12,11 @@ CPU machines use `mooncake-transfer-engine-non-cuda` over TCP; GPU hosts the CUD
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Sequence
+from urllib.parse import urlsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,11 +35,38 @@ class TransferSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="JANUS_TRANSFER_", extra="ignore", frozen=True)
 
-    host: str = "127.0.0.1"
+    host: str = Field(default="", description="the address peers reach this worker's engine at; empty: the "
+                      "address of the interface that reaches NATS (transfer_settings)")
     protocol: str = Field(default="tcp", description='"tcp" (CPU build) or "rdma" (CUDA build with NICs)')
     metadata_server: str = "P2PHANDSHAKE"
     device_name: str = Field(default="", description="RDMA NICs to use; empty: all")
     max_chunk_bytes: int = Field(default=64 << 20, gt=0, description="one transfer request at most this long")
+
+
+def host_reaching(nats_urls: str, fallback: str = "127.0.0.1") -> str:
+    """This machine's address on the interface that reaches the first NATS server of `nats_urls` (comma-separated)
+    that resolves: on a host with several interfaces, the one its peers (which reach the same NATS) can reach too.
+    A UDP connect picks the route and sends nothing."""
+    for url in nats_urls.split(","):
+        parts = urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}")
+        if not parts.hostname:
+            continue
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(parts.hostname, parts.port or 4222,
+                                                                 type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.connect(address)
+                return probe.getsockname()[0]
+        except OSError:  # unresolvable or unroutable: try the next server
+            continue
+    return fallback
+
+
+def transfer_settings(nats_urls: str) -> TransferSettings:
+    """JANUS_TRANSFER_* as set, the host taken from the interface that reaches NATS when JANUS_TRANSFER_HOST is
+    unset (a worker on another machine than its peers must not advertise 127.0.0.1)."""
+    settings = TransferSettings()
+    return settings if settings.host else settings.model_copy(update={"host": host_reaching(nats_urls)})
 
 
 @dataclass(frozen=True)
@@ -61,7 +90,9 @@ class MooncakeTransfer:
 
     @classmethod
     def start(cls, settings: TransferSettings | None = None) -> "MooncakeTransfer":
-        settings = settings or TransferSettings()
+        settings = settings or transfer_settings("")
+        if not settings.host:  # no NATS to find an interface by: this machine only
+            settings = settings.model_copy(update={"host": "127.0.0.1"})
         quiet_mooncake_logs()  # before the library loads: it reads its log level then (worker/process_env.py)
         try:
             from mooncake.engine import TransferEngine

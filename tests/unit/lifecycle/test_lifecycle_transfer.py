@@ -61,3 +61,15 @@ def test_out_of_range_and_unreachable_peers_raise(pair):
 
 def test_split_cuts_long_pieces_into_chunks():
     assert _split([100], [1000], [25], 10) == ([100, 110, 120], [1000, 1010, 1020], [10, 10, 5])
+
+
+def test_the_transfer_host_is_the_interface_that_reaches_nats_unless_set(monkeypatch):
+    from worker.transfer import host_reaching, transfer_settings
+
+    monkeypatch.delenv("JANUS_TRANSFER_HOST", raising=False)
+    assert transfer_settings("nats://127.0.0.1:4222").host == "127.0.0.1"
+    # comma-separated URLs: the first that resolves decides
+    assert host_reaching("nats://no-such-host.invalid:4222, nats://127.0.0.1:4223") == "127.0.0.1"
+    assert host_reaching("") == "127.0.0.1"
+    monkeypatch.setenv("JANUS_TRANSFER_HOST", "10.1.2.3")
+    assert transfer_settings("nats://127.0.0.1:4222").host == "10.1.2.3"
