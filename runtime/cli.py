@@ -72,7 +72,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     devices = worker_devices(cluster, args.workers or cluster.workers.count)  # ConfigError: one line, exit 2
     if args.dry_run:
         port = cluster.gateway.port if args.port is None else args.port
-        print("\n".join(dry_run_lines(cluster, devices, port, args.nats_nodes)), flush=True)
+        try:
+            print("\n".join(dry_run_lines(cluster, devices, port, args.nats_nodes)), flush=True)
+        except BrokenPipeError:  # `janus up --dry-run | head`
+            sys.stdout = open(os.devnull, "w")
         return 0
     if not (args.no_profile or is_profiling_skipped()):
         try:

@@ -54,3 +54,13 @@ def test_the_gateway_healthcheck_probes_readiness():
     assert "/ready" in probe and "/health" not in probe
     assert services["nats"]["healthcheck"]["test"]
     assert services["dispatcher"]["depends_on"]["nats"]["condition"] == "service_healthy"
+
+
+def test_the_ha_profile_runs_two_copies_of_each_planner():
+    """One in the default profile, a standby in "ha" (leader election: planner/leader.py)."""
+    services = _compose()["services"]
+    for planner in ("steady-planner", "elastic-scaler", "reconciler"):
+        copies = [svc for svc in services.values() if svc.get("command") == ["janus", "serve", planner]]
+        assert len(copies) == 2, planner
+        assert sorted(tuple(svc.get("profiles", ())) for svc in copies) == [(), ("ha",)], planner
+    assert "JANUS_TRANSFER_HOST" not in services["worker"].get("environment", {})  # each its own, from its interface
