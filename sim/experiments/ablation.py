@@ -42,9 +42,9 @@ INPUT_MEDIAN, OUTPUT_MEDIAN, LENGTH_SIGMA = 512, 96, 0.8
 
 def ablation_trace(apps: tuple[tuple[str, str, float], ...] = FIVE_APPS, duration_s: float = 180.0,
                    shock_app: int = 1, shock_at_s: float = 60.0, shock_factor: float = 20.0,
-                   seed: int = 0) -> Trace:
+                   seed: int = 0, input_median: int = INPUT_MEDIAN, output_median: int = OUTPUT_MEDIAN) -> Trace:
     """Poisson arrivals per app at its base rate; from `shock_at_s` on, app `shock_app`'s rate is `shock_factor`
-    times its base. Seeded, deterministic."""
+    times its base; log-normal lengths around the medians. Seeded, deterministic."""
     if not 0 <= shock_app < len(apps):
         raise ValueError(f"shock_app {shock_app} is not one of the {len(apps)} apps")
     if not 0 < shock_at_s < duration_s:
@@ -60,8 +60,8 @@ def ablation_trace(apps: tuple[tuple[str, str, float], ...] = FIVE_APPS, duratio
     arrival = np.concatenate(arrivals)
     app_ids = np.concatenate(ids)
     n = len(arrival)
-    inputs = np.clip(rng.lognormal(np.log(INPUT_MEDIAN), LENGTH_SIGMA, n), 8, 4096).astype(np.int64)
-    outputs = np.clip(rng.lognormal(np.log(OUTPUT_MEDIAN), LENGTH_SIGMA, n), 1, 1024).astype(np.int64)
+    inputs = np.clip(rng.lognormal(np.log(input_median), LENGTH_SIGMA, n), 8, 4096).astype(np.int64)
+    outputs = np.clip(rng.lognormal(np.log(output_median), LENGTH_SIGMA, n), 1, 1024).astype(np.int64)
     # Trace.build shifts the first arrival to 0; keep the absolute clock (the shock at shock_at_s) by a marker
     order = np.argsort(arrival, kind="stable")
     arrival, app_ids, inputs, outputs = arrival[order], app_ids[order], inputs[order], outputs[order]
