@@ -35,13 +35,22 @@ def test_monotone_attainment_is_ordered_bounded_and_conservative(mean, k, seed):
         assert np.all(np.diff(series) >= -1e-12) and np.all((series >= 0) & (series <= 1))
     assert np.all(bound <= fixed_mean + 1e-12)
     raw = np.clip(mean - k * std, 0, 1)
-    # never claims more for m than the raw bound of any m' >= m
-    assert np.all(bound <= np.minimum.accumulate(raw[::-1])[::-1] + 1e-12)
+    # claims for m no more than the raw bound of some m' <= m (what holds for fewer replicas holds for more)
+    assert np.all(bound <= np.maximum.accumulate(raw) + 1e-12)
+    assert np.all(bound >= np.minimum(raw, fixed_mean) - 1e-12)  # and never less than its own m's
 
 
 def test_conservative_bound_on_a_dip():
     bound = conservative_bound(np.array([0.5, 0.9, 0.6, 0.95]), np.zeros(4), 1.0)
-    np.testing.assert_allclose(bound, [0.5, 0.6, 0.6, 0.95])
+    np.testing.assert_allclose(bound, [0.5, 0.9, 0.9, 0.95])
+
+
+def test_the_sigma_past_the_profiled_counts_does_not_pull_the_bound_down_below_them():
+    # a GP sure of 1.0 up to m = 8 and back at its prior's sigma by m = 64 (the grid the oracle corrects over)
+    m = np.arange(1, 65)
+    mean, std = np.full(64, 1.0), np.where(m <= 8, 0.005, 0.14)
+    bound = conservative_bound(mean, std, 1.0)
+    assert bound[0] == pytest.approx(0.995) and bound[63] == pytest.approx(0.995)
 
 
 def test_posterior_interpolates_when_noise_is_small_and_reverts_far_away():
