@@ -25,6 +25,7 @@ from .core.limits import TenantLimiter
 from .core.readiness import Readiness
 from .http_guard import BodyGuard
 from .respond import Shape, TokenPieces, respond
+from .trace_header import TraceHeader
 
 Event = TokenChunk | RequestDone | RequestFailed
 log = logging.getLogger("janus.gateway")
@@ -145,6 +146,7 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
     # the key is checked and the body counted before the app reads it (http_guard.py)
     app.add_middleware(BodyGuard, max_request_bytes=backend.max_request_bytes, body_timeout_s=body_timeout_s,
                        authorize=lambda scope: _is_authorized(backend, scope))
+    app.add_middleware(TraceHeader)  # outermost: refusals by the guard carry a trace id too (trace_header.py)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

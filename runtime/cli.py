@@ -177,16 +177,46 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_nats_config(args: argparse.Namespace) -> int:
-    from .security import load_or_create_credentials, write_nats_config, write_password_env
+    from .security import load_or_create_credentials, write_compose_env, write_nats_config, write_password_env
 
     out = Path(args.out)
     creds = load_or_create_credentials(out / "credentials.json")  # kept: a second run rewrites the same passwords
     conf = write_nats_config(out / "nats.conf", creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_ca=args.tls_ca)
     env = write_password_env(out / "passwords.env", creds)
-    print(f"wrote {conf} (include it in each NATS server's configuration), {out / 'credentials.json'} and {env} "
-          "(give each service its own user: JANUS_NATS_USER / JANUS_NATS_PASSWORD; passwords.env is what "
-          "deploy/k8s makes its Secret of); all are mode 0600")
+    compose = write_compose_env(out / "compose.env", creds, conf)
+    print(f"wrote {conf} (include it in each NATS server's configuration), {out / 'credentials.json'}, {env} "
+          f"and {compose} (give each service its own user: JANUS_NATS_USER / JANUS_NATS_PASSWORD; passwords.env is "
+          f"what deploy/k8s makes its Secret of; `docker compose --env-file {compose} up` runs NATS with these "
+          "users); all are mode 0600")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """`janus trace ID`: the request's spans, from the files `janus up`'s services write (runtime/trace_file.py)."""
+    import shutil
+
+    from .trace_file import TRACE_DIR_ENV, read_trace
+    from .trace_view import parse_trace_id, waterfall
+
+    try:
+        trace_id = parse_trace_id(args.trace_id)
+    except ValueError as exc:
+        print(f"janus trace: {exc}", file=sys.stderr)
+        return 2
+    folder = Path(args.dir) if args.dir else (Path(os.environ[TRACE_DIR_ENV]) if os.environ.get(TRACE_DIR_ENV)
+                                              else _settings(args).state_dir / "traces")
+    spans = read_trace(folder, trace_id)
+    if not spans:
+        print(f"janus trace: no spans of {trace_id} in {folder} (spans are written there by `janus up` unless "
+              "OTEL_EXPORTER_OTLP_ENDPOINT sends them to a collector; a request's last spans take about a second "
+              "to arrive; --state-dir or --dir says where to look)", file=sys.stderr)
+        return 1
+    width = args.width or shutil.get_terminal_size((120, 24)).columns
+    try:
+        print("\n".join(waterfall(spans, width)), flush=True)
+    except BrokenPipeError:  # `janus trace ID | head`
+        sys.stdout = open(os.devnull, "w")
     return 0
 
 
@@ -268,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     natsc.add_argument("--tls-key", type=Path)
     natsc.add_argument("--tls-ca", type=Path)
     natsc.set_defaults(fn=cmd_nats_config)
+
+    tr = sub.add_parser("trace", help="a request's spans as a waterfall (the id is the x-janus-trace-id header)")
+    tr.add_argument("trace_id", help="32 hex digits, or a traceparent")
+    tr.add_argument("--state-dir", type=Path, help="default .janus: spans are read from <state-dir>/traces")
+    tr.add_argument("--dir", type=Path, help="read spans from this folder instead (default $JANUS_TRACE_DIR, "
+                    "else <state-dir>/traces)")
+    tr.add_argument("--width", type=int, help="columns (default: the terminal's)")
+    tr.set_defaults(fn=cmd_trace)
 
     for name, (_, help_text) in DELEGATED.items():
         d = sub.add_parser(name, help=help_text, add_help=False)

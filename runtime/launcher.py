@@ -27,6 +27,7 @@ from contracts import HealthReply, subjects
 
 from .bus import Bus
 from .catalog import ensure_demo_models
+from .trace_file import TRACE_DIR_ENV
 from .nats_server import EmbeddedNats, NatsServerError
 from .restart_budget import RestartBudget, RestartPolicy
 from .security import load_or_create_credentials, user_for_service, write_nats_config, write_private
@@ -130,10 +131,13 @@ class Cluster:
                 for child in planned_children(self.cluster, self.worker_devices, self.gateway_port)]
 
     def child_env(self, child: Child) -> dict[str, str]:
-        """A child's environment: its own NATS user, and a worker its own device."""
+        """A child's environment: its own NATS user, a worker its own device, and spans to <state_dir>/traces
+        for `janus trace` unless they go to an OTLP collector (or JANUS_TRACE_DIR says where)."""
         user = user_for_service(child.service)
         env = dict(os.environ, JANUS_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1", JANUS_NATS_USER=user,
                    JANUS_NATS_PASSWORD=self.credentials[user])
+        if not env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            env.setdefault(TRACE_DIR_ENV, str(self.state_dir / "traces"))
         if child.device:
             env[DEVICE_ENV] = child.device
         return env

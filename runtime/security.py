@@ -167,6 +167,19 @@ def write_password_env(path: Path, credentials: dict[str, str]) -> Path:
     return write_private(path, "".join(f"{user}={credentials[user]}\n" for user in SERVICE_PERMISSIONS))
 
 
+def compose_password_var(user: str) -> str:
+    """The variable docker-compose.yml reads a user's password from: JANUS_NATS_PASSWORD_STEADY_PLANNER."""
+    return "JANUS_NATS_PASSWORD_" + user.upper().replace("-", "_")
+
+
+def write_compose_env(path: Path, credentials: dict[str, str], nats_conf: Path) -> Path:
+    """`docker compose --env-file` input (0600): where NATS finds its users (an absolute path, as compose mounts it)
+    and each service's password (docker-compose.yml, docs/operations.md "Docker Compose")."""
+    lines = [f"JANUS_NATS_CONF={Path(nats_conf).resolve()}\n"]
+    lines += [f"{compose_password_var(user)}={credentials[user]}\n" for user in SERVICE_PERMISSIONS]
+    return write_private(path, "".join(lines))
+
+
 def user_for_service(service: str) -> str:
     return service if service in SERVICE_PERMISSIONS else "operator"
 

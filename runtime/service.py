@@ -17,7 +17,7 @@ from contracts import HealthReply, subjects
 from .bus import Bus, Envelope
 from .metrics import MetricsServer
 from .settings import ClusterConfig, JanusSettings
-from .tracing import setup_tracing
+from .tracing import install_log_trace_ids, setup_tracing
 
 log = logging.getLogger("janus.service")
 
@@ -95,8 +95,10 @@ def tls_context(settings: JanusSettings) -> ssl.SSLContext | None:
 
 
 def configure_logging(level: str) -> None:
+    """Lines made while a request is handled carry its trace id (` trace=ID`, runtime/tracing.py)."""
+    install_log_trace_ids()
     logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s%(trace)s: %(message)s")
 
 
 def where_waiting(task: asyncio.Task) -> str:
@@ -185,7 +187,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
 
     Stopping is bounded: `service.stop()` gets `service.stop_timeout_s`, closing the connection CLOSE_TIMEOUT_S; past
     either, run_service raises TimeoutError naming what it waited for (after closing the connection anyway)."""
-    setup_tracing(f"janus-{service.name}")
+    setup_tracing(f"janus-{service.name}", instance=service.instance)
     bus = await _connect_unless_stopped(service)
     if bus is None:
         return
