@@ -26,7 +26,7 @@ from .oracle import (
 )
 from .plans import BinAssignment, ElasticPlan, ElasticTarget, Move, PlanAction, PlanStatus, SteadyPlan
 from .registry import InstanceRecord
-from .requests import CancelRequest, GenerateRequest, SamplingParams, SubmitAck
+from .requests import CancelRequest, GenerateRequest, GuidedDecoding, SamplingParams, SubmitAck
 from .stream import STREAM_EVENT, RequestDone, RequestFailed, ResendReply, ResendRequest, StreamEvent, TokenChunk
 from .telemetry import LoadFeatures, ModelLoadWindow
 from .worker import (

@@ -22,6 +22,24 @@ MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range, [-100, 100]
 MAX_N = 16  # choices per request: each is a sequence in the engine sharing the prompt's KV blocks
 
 
+MAX_JSON_SCHEMA_CHARS = 64 * 1024  # a response_format schema: compiled against the whole vocabulary per schema
+
+
+class GuidedDecoding(Message):
+    """Structured output (docs/api.md): the output is constrained to JSON (`json_object`: any object) or to a JSON
+    schema, by a grammar compiled against the model's tokenizer. `json_schema` is the schema as canonical JSON text
+    (sorted keys, no spaces): the engine compiles each distinct text once."""
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: str = Field(default="", max_length=MAX_JSON_SCHEMA_CHARS)
+
+    @model_validator(mode="after")
+    def _schema_for_kind(self) -> "GuidedDecoding":
+        if (self.kind == "json_schema") != bool(self.json_schema):
+            raise ValueError("json_schema is given exactly when kind is json_schema")
+        return self
+
+
 class SamplingParams(Message):
     """How to pick tokens. Defaults match the OpenAI API."""
 
@@ -44,6 +62,7 @@ class SamplingParams(Message):
                                                       description="(token id, bias added to its logit)")
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="drop tokens below min_p * the top probability")
     min_tokens: int = Field(default=0, ge=0, description="stop tokens and EOS are masked until this many outputs")
+    guided: GuidedDecoding | None = Field(default=None, description="constrain the output to a grammar")
 
     @model_validator(mode="after")
     def _no_empty_stop(self) -> "SamplingParams":

@@ -8,6 +8,7 @@ from contracts import ErrorCode, GenerateRequest, SamplingParams
 
 from .api import ChatBody, CompletionBody
 from .errors import ApiError
+from .structured import guided_of
 
 
 class Tokenizer(Protocol):
@@ -141,6 +142,7 @@ def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: i
         logit_bias=bias,
         min_p=body.min_p or 0.0,
         min_tokens=body.min_tokens,
+        guided=guided_of(body.response_format),
     )
 
 

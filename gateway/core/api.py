@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contracts.requests import (
     MAX_LOGIT_BIAS,
@@ -57,6 +57,28 @@ class StreamOptions(_Tolerant):
     continuous_usage_stats: bool = Field(default=False, description="vLLM: usage in every chunk")
 
 
+class JsonSchemaFormat(_Body):
+    name: str = Field(default="response", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema", description="a JSON schema (draft 2020-12)")
+    strict: bool | None = Field(default=None, description="OpenAI's strict rules apply to the schema")
+
+
+class ResponseFormat(_Body):
+    """Structured outputs: `json_object` (any JSON object) or `json_schema`, enforced by a grammar (docs/api.md)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is json_schema")
+        if self.json_schema is not None and self.json_schema.schema_ is None:
+            raise ValueError("json_schema.schema is required")
+        return self
+
+
 class _Common(_Tolerant):
     model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -78,6 +100,7 @@ class _Common(_Tolerant):
     min_tokens: int = Field(default=0, ge=0, description="checked against max_tokens at admission")
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS,
                                              description="each in [0, vocabulary size); checked at admission")
+    response_format: ResponseFormat | None = None
 
     @field_validator("logit_bias")
     @classmethod

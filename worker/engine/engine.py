@@ -31,6 +31,7 @@ from .model import CausalLM
 from .model_runner import ModelRunner
 from .outputs import EngineOutput, EngineStats, StepRecord
 from .rope import RotaryEmbedding
+from .grammar import GrammarBook
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -136,6 +137,7 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
         )
         self.runner = ModelRunner(self.model, self.kv_cache, null_block_id=null_block[0], device=self.device)
         self.sampler = Sampler(self.device, cfg.seed, self._eos_token_ids)
+        self.sampler.grammars = GrammarBook(self._tokenizer, mc.vocab_size, sorted(self._eos_token_ids))
         self.metrics = EngineMetrics(cfg.stats_window_s)
         self.cuda_graph_error: str | None = None  # why decode runs eagerly on CUDA, if it does
         if self.device.type == "cuda":
@@ -279,6 +281,8 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         _check_sampling(sampling, vocab)
+        if sampling.guided is not None:
+            self.sampler.grammars.compile(sampling.guided)  # a schema that cannot compile fails here, at add
         return prompt
 
     def _claim_id(self, request_id: str) -> None:
@@ -304,6 +308,8 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
         )
         self.sampler.add_request(seq.request_id, seq.sampling, self.model_config.vocab_size,
                                  num_drawn_elsewhere=seq.num_inherited_output_tokens)
+        if seq.sampling.guided is not None:
+            self.sampler.grammars.add(seq.request_id, seq.sampling.guided, seq.token_ids[seq.num_prompt_tokens:])
 
     def _drain_inbox(self, now: float) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []

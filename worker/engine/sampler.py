@@ -15,6 +15,7 @@ import torch
 
 from contracts.requests import SamplingParams
 
+from .grammar import GrammarBook
 from .logits_processors import History, process_logits
 
 TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
@@ -34,6 +35,7 @@ class Sampler:
         self._shared_generator = torch.Generator(device=device)
         self._shared_generator.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars: GrammarBook | None = None  # set by the engine: structured outputs (grammar.py)
 
     def add_request(self, request_id: str, sampling: SamplingParams, vocab_size: int = 0,
                     num_drawn_elsewhere: int = 0) -> None:
@@ -57,6 +59,8 @@ class Sampler:
 
     def remove_request(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.remove(request_id)
 
     def sample(
         self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
@@ -68,6 +72,9 @@ class Sampler:
         raw = logits
         if histories is not None:
             logits = process_logits(logits, params, histories, self.eos_token_ids)
+        is_guided = self.grammars is not None and any(self.grammars.has(r) for r in request_ids)
+        if is_guided:
+            logits = self._constrain(logits, raw, request_ids)
         is_greedy = [_is_greedy(p) for p in params]
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i in range(num_rows) if not is_greedy[i]]
@@ -92,7 +99,21 @@ class Sampler:
                 values, ids = log_probs.topk(min(k_max, raw.shape[-1]), dim=-1)
                 values, ids = values.tolist(), ids.tolist()
                 top = [tuple(zip(ids[i][: p.top_logprobs], values[i][: p.top_logprobs])) for i, p in enumerate(params)]
-        return SampleResult(tokens.tolist(), logprobs, top)
+        token_ids = tokens.tolist()
+        if is_guided:
+            self.grammars.accept(request_ids, token_ids)
+        return SampleResult(token_ids, logprobs, top)
+
+    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, request_ids: Sequence[str]) -> torch.Tensor:
+        """Each guided row's grammar mask over its processed logits. A row the processors and the grammar leave
+        without any token (min_tokens masks EOS where only EOS completes the grammar) takes the grammar's mask over
+        the model's raw logits instead: the grammar always wins."""
+        assert self.grammars is not None
+        x = self.grammars.mask(logits.clone() if logits is raw else logits, request_ids)
+        empty = torch.isneginf(x).all(dim=-1).nonzero().flatten().tolist()
+        if empty:
+            x[empty] = self.grammars.mask(raw[empty].clone(), [request_ids[i] for i in empty])
+        return x
 
     @staticmethod
     def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

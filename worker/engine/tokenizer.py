@@ -155,6 +155,18 @@ class TextTokenizer:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
 
+    def vocab_pieces(self, vocab_size: int) -> tuple[list[str], bool]:
+        """Each token id's piece as the tokenizer stores it, for a grammar compiler (grammar.py), padded with "" to
+        the model's `vocab_size`; special tokens are "" (never text inside a grammar); and whether the pieces are
+        byte-level BPE (else SentencePiece with byte fallback)."""
+        pieces = [""] * max(vocab_size, self.vocab_size)
+        for piece, token_id in self._tokenizer.get_vocab(with_added_tokens=True).items():
+            pieces[token_id] = piece
+        for token_id, added in self._tokenizer.get_added_tokens_decoder().items():
+            if added.special:
+                pieces[token_id] = ""
+        return pieces[: max(vocab_size, 1)] if vocab_size else pieces, self._is_byte_level
+
     @property
     def _is_byte_level(self) -> bool:
         return type(self._tokenizer.decoder).__name__ == "ByteLevel"
