@@ -2,7 +2,7 @@
 VENV ?= .venv
 JANUS := $(VENV)/bin/janus
 
-.PHONY: setup up test test-fast bench lint clean
+.PHONY: setup up test test-fast bench lint clean image image-cuda
 
 setup:
 	@./scripts/setup.sh
@@ -15,6 +15,13 @@ test: setup
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# the images deploy/k8s and docker-compose run (docs/operations.md): CPU, and CUDA for GPU hosts
+image:
+	docker build -t janus:dev .
+
+image-cuda:
+	docker build -f Dockerfile.cuda -t janus:cuda .
 
 lint: setup
 	$(VENV)/bin/lint-imports

@@ -108,9 +108,21 @@ def test_every_object_validates_against_the_kubernetes_schemas(rendered, overlay
 def test_every_service_of_janus_serve_has_a_workload(rendered, overlay):
     served = {_serve_target(c) for _, spec in _pod_specs(rendered[overlay]) for c in spec["containers"]}
     assert set(SERVICES) <= served, set(SERVICES) - served
-    for name in ("steady-planner", "elastic-scaler", "reconciler"):  # no leader election yet: one at a time
+    for name in ("steady-planner", "elastic-scaler", "reconciler"):  # a leader and a standby (planner/leader.py)
         planner = _named(rendered[overlay], "Deployment", name)
-        assert planner["spec"]["replicas"] == 1 and planner["spec"]["strategy"]["type"] == "Recreate"
+        assert planner["spec"]["replicas"] == 2
+        strategy = planner["spec"]["strategy"]
+        # a rollout brings the new copy up before it stops an old one: never none
+        assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["maxUnavailable"] == 0
+        budget = _named(rendered[overlay], "PodDisruptionBudget", name)
+        assert budget["spec"]["minAvailable"] == 1
+        assert budget["spec"]["selector"]["matchLabels"] == planner["spec"]["selector"]["matchLabels"]
+        spread = planner["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = spread["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == planner["spec"]["selector"]["matchLabels"]
+        # each copy its own instance id (the lease names its holder)
+        env = {e["name"]: e for e in planner["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["JANUS_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 @per_overlay
