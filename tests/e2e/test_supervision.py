@@ -176,17 +176,7 @@ async def _registry_stream(cluster, timeout_s: float = 30.0):
 NUM_TOKENS = 4000  # of 4096 positions: on this host 8 such streams run 10-25 s
 
 
-# Known bug, open (not hidden: the case still runs and reports XFAIL/XPASS). Found under CPU load (docs/reliability.md,
-# "Open"): the reconciler takes live workers for dead (at its own start, before it has heard them, and after the
-# node loss), marks their records FAILED and drains their instances; a drain cuts running streams
-# (instance_failed), and while the workers' record refreshes fail in the leader election the dispatcher had no
-# routable instance (new requests waited 30 s, then no_instance). The dispatcher now trusts the workers' heartbeats
-# over such FAILED records (dispatcher/core/record_truth.py); the reconciler's false deaths and drains remain.
-RESTART_RECOVERY_BUG = pytest.mark.xfail(strict=False, reason="intermittent under load: the reconciler takes live "
-                                                             "workers for dead and drains their instances (open)")
-
-
-@pytest.mark.parametrize("is_restarted", [pytest.param(True, marks=RESTART_RECOVERY_BUG), False],
+@pytest.mark.parametrize("is_restarted", [True, False],
                          ids=["restarted-by-the-launcher", "lost-for-good"])
 async def test_three_node_nats_cluster_losing_the_registry_leader_cuts_no_healthy_stream(tmp_path, demo_models_dir,
                                                                                         is_restarted):
