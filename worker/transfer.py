@@ -11,6 +11,7 @@ CPU machines use `mooncake-transfer-engine-non-cuda` over TCP; GPU hosts the CUD
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
@@ -44,9 +45,12 @@ class TransferSettings(BaseSettings):
 
 
 def host_reaching(nats_urls: str, fallback: str = "127.0.0.1") -> str:
-    """This machine's address on the interface that reaches the first NATS server of `nats_urls` (comma-separated)
-    that resolves: on a host with several interfaces, the one its peers (which reach the same NATS) can reach too.
-    A UDP connect picks the route and sends nothing."""
+    """This machine's address on the interface that reaches the NATS servers of `nats_urls` (comma-separated): on a
+    host with several interfaces, the one its peers (which reach the same NATS) can reach too. The first URL that
+    resolves to a route off this machine decides; a URL reached over loopback (a NATS node on this machine, often
+    listed first) says nothing about where the peers are, so it counts only when no URL leads elsewhere. A UDP
+    connect picks the route and sends nothing."""
+    loopback = None
     for url in nats_urls.split(","):
         parts = urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}")
         if not parts.hostname:
@@ -56,10 +60,13 @@ def host_reaching(nats_urls: str, fallback: str = "127.0.0.1") -> str:
                                                                  type=socket.SOCK_DGRAM)[0]
             with socket.socket(family, kind, proto) as probe:
                 probe.connect(address)
-                return probe.getsockname()[0]
+                local = probe.getsockname()[0]
         except OSError:  # unresolvable or unroutable: try the next server
             continue
-    return fallback
+        if not ipaddress.ip_address(local).is_loopback:
+            return local
+        loopback = loopback or local
+    return loopback or fallback
 
 
 def transfer_settings(nats_urls: str) -> TransferSettings:

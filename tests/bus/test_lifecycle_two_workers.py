@@ -198,9 +198,21 @@ async def _read_weights(bus_transfer, hb: WorkerHeartbeat, instance_id: str) -> 
     return out
 
 
-async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(cluster):
+async def _read_replicas(settings, *replicas: tuple[WorkerHeartbeat, str]) -> list[torch.Tensor]:
+    """The weights of each (heartbeat, instance) replica, read through a transfer engine of this process that
+    listens as `settings` say (None: this machine only)."""
     from worker.transfer import MooncakeTransfer
 
+    reader = MooncakeTransfer.start(settings)
+    scratch = torch.zeros(1, dtype=torch.uint8)
+    reader.register(scratch.data_ptr(), 1)  # an engine that registered nothing cannot read
+    try:
+        return [await _read_weights(reader, hb, instance) for hb, instance in replicas]
+    finally:
+        reader.close()
+
+
+async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
     hb_a = await obs.heartbeat_after(A, time.time() * 1e3)
@@ -230,14 +242,7 @@ async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(clus
     # bit-identical: read both replicas' weight pages out of the two worker processes
     hb_a = await obs.heartbeat_after(A, time.time() * 1e3)
     hb_b = await obs.heartbeat_after(B, time.time() * 1e3)
-    reader = MooncakeTransfer.start()
-    scratch = torch.zeros(1, dtype=torch.uint8)
-    reader.register(scratch.data_ptr(), 1)
-    try:
-        weights_a = await _read_weights(reader, hb_a, INST_A)
-        weights_b = await _read_weights(reader, hb_b, INST_B)
-    finally:
-        reader.close()
+    weights_a, weights_b = await _read_replicas(None, (hb_a, INST_A), (hb_b, INST_B))
     assert weights_a.numel() > 0 and torch.equal(weights_a, weights_b)
     assert [s.checksum for s in next(i for i in hb_b.instances if i.instance_id == INST_B).weight_segments]
 
