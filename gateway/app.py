@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, TokenChunk
 from runtime.metrics import REGISTRY
 
-from .core.admission import Envelope, ServedModel, admit_chat, admit_completion
+from .core.admission import Envelope, ServedModel, admit_chat, admit_completion, tool_plan
 from .core.api import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, field_of
 from .core.errors import ApiError, error_body, retry_after_for_model, retry_headers
 from .core.limits import TenantLimiter
@@ -263,9 +263,10 @@ def create_app(backend: Backend, *, body_timeout_s: float = 30.0) -> FastAPI:
         tenant = _tenant(backend, request)
         model = _model(backend, body.model)
         with backend.start_request_span("gateway chat.completions"):
-            req = await asyncio.to_thread(admit_chat, body, model, _envelope(backend, tenant))
+            plan = tool_plan(body, model)
+            req = await asyncio.to_thread(admit_chat, body, model, _envelope(backend, tenant), plan)
             shape = Shape(kind="chat", stream=body.stream, include_usage=_usage_wanted(body), n=body.n,
-                          pieces=_token_pieces(model) if body.logprobs else None)
+                          pieces=_token_pieces(model) if body.logprobs else None, tools=plan)
             return _naming_ignored(body, req, await _admitted(backend, request, model, [req], shape))
 
     return app

@@ -20,6 +20,7 @@ from contracts import ErrorCode, GenerateRequest, RequestDone, RequestFailed, To
 from .core.errors import ApiError, error_body
 from .core.responses import Choice, Completion, apply_chunk, apply_done, chunk_body, final_body, logprobs_body
 from .core.responses import token_entries, usage_chunk
+from .core.tools import ToolPlan, held_back, parse_calls
 
 Event = TokenChunk | RequestDone | RequestFailed
 TokenPieces = Callable[[int], tuple[str, bytes]]  # a token id -> its text and bytes (logprobs name each token)
@@ -37,6 +38,11 @@ class Shape:
     pieces: TokenPieces | None = None  # set when the request asked for logprobs
     with_top: bool = False  # completions: the legacy top_logprobs dicts
     prefixes: tuple[str, ...] | None = None  # echo: each prompt's text
+    tools: ToolPlan | None = None  # chat with tools: calls are parsed out of the output (core/tools.py)
+
+    @property
+    def parses_calls(self) -> bool:
+        return self.kind == "chat" and self.tools is not None and self.tools.mode != "none"
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -113,7 +119,19 @@ async def respond(request: Request, requests: list[GenerateRequest], submit, sha
     if shape.pieces is not None:
         logprobs = {c.index: logprobs_body(shape.kind, _entries(shape.pieces, c), text_offset=len(c.prefix),
                                            with_top=shape.with_top) for c in completion.choices}
-    return JSONResponse(final_body(completion, logprobs))
+    body = final_body(completion, logprobs)
+    if shape.parses_calls:
+        assert shape.tools is not None
+        for choice in body["choices"]:
+            content, calls = parse_calls(choice["message"]["content"], shape.tools)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = _calls_finish(choice["finish_reason"])
+    return JSONResponse(body)
+
+
+def _calls_finish(finish_reason: str | None) -> str | None:
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def _entries(pieces: TokenPieces, choice: Choice, start: int = 0, stop: int | None = None) -> list:
@@ -177,11 +195,36 @@ async def _stream(first: Indexed, events: AsyncIterator[Indexed], completion: Co
         return _sse(with_usage(chunk_body(completion, text, finish_reason, index=choice.index, is_first=is_first,
                                           logprobs=take_logprobs(choice, offset))))
 
+    sent_chars: dict[int, int] = {}  # tools: choice index -> characters of its output sent as content
+
+    def tool_chunks(choice: Choice, finish_reason: str | None, is_first: bool) -> list[bytes]:
+        """Content as far as no call can start in it; at the end, the rest, then the calls as tool_calls deltas."""
+        assert shape.tools is not None
+        full, sent = "".join(choice.text_parts), sent_chars.get(choice.index, 0)
+        choice.has_started = True
+        if finish_reason is None:
+            upto = max(sent, held_back(full, shape.tools))
+            sent_chars[choice.index] = upto
+            return [chunk(choice, full[sent:upto], None, is_first)] if upto > sent or is_first else []
+        content, calls = parse_calls(full, shape.tools)
+        tail = (content or "")[sent:] if calls else full[sent:]
+        out = [chunk(choice, tail, None, is_first)] if tail or is_first else []
+        if calls:
+            body = chunk_body(completion, "", None, index=choice.index)
+            body["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+            out.append(_sse(with_usage(body)))
+            finish_reason = _calls_finish(finish_reason)
+        return out + [chunk(choice, "", finish_reason, False)]
+
     try:
         async for p, ev in chain():
             if isinstance(ev, TokenChunk):
                 choice = apply_chunk(completion, p * n, n, ev)
                 if choice is None:
+                    continue
+                if shape.parses_calls:
+                    for data in tool_chunks(choice, ev.finish_reason, not choice.has_started):
+                        yield data
                     continue
                 is_first = not choice.has_started
                 text = (choice.prefix + ev.text) if is_first else ev.text
@@ -190,6 +233,10 @@ async def _stream(first: Indexed, events: AsyncIterator[Indexed], completion: Co
                     yield chunk(choice, text, ev.finish_reason, is_first)
             elif isinstance(ev, RequestDone):
                 for choice in apply_done(completion, p * n, n, ev.finish_reason):
+                    if shape.parses_calls:
+                        for data in tool_chunks(choice, ev.finish_reason, not choice.has_started):
+                            yield data
+                        continue
                     is_first = not choice.has_started
                     choice.has_started = True
                     yield chunk(choice, choice.prefix if is_first else "", ev.finish_reason, is_first)

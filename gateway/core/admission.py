@@ -9,6 +9,7 @@ from contracts import ErrorCode, GenerateRequest, SamplingParams
 from .api import ChatBody, CompletionBody
 from .errors import ApiError
 from .structured import guided_of
+from .tools import ToolPlan, guided_for, plan_tools, template_messages
 
 
 class Tokenizer(Protocol):
@@ -16,7 +17,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,14 @@ def prompt_ids_of_completion(body: CompletionBody, tokenizer: Tokenizer) -> list
     return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
 
 
-def prompt_ids_of_chat(body: ChatBody, tokenizer: Tokenizer) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+def tool_plan(body: ChatBody, model: ServedModel) -> ToolPlan:
+    return plan_tools(body, getattr(model.tokenizer, "tool_call_format", "hermes"))
+
+
+def prompt_ids_of_chat(body: ChatBody, tokenizer: Tokenizer, plan: ToolPlan | None = None) -> list[int]:
+    tools = {"tools": list(plan.tools)} if plan and plan.mode != "none" and plan.tools else {}
+    text = tokenizer.apply_chat_template(template_messages(body), add_generation_prompt=True, **tools)
+    return tokenizer.encode(text)
 
 
 def _check_ids(ids: Sequence[int], model: ServedModel) -> None:
@@ -117,7 +124,7 @@ def _check_logit_bias(pairs: Sequence[tuple[int, float]], model: ServedModel) ->
 
 
 def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: int, logprobs: bool,
-              top_logprobs: int) -> SamplingParams:
+              top_logprobs: int, guided=None) -> SamplingParams:
     _check_stop_token_ids(body.stop_token_ids or (), model)
     bias = body.logit_bias_pairs()
     _check_logit_bias(bias, model)
@@ -142,7 +149,7 @@ def _sampling(body: CompletionBody | ChatBody, model: ServedModel, max_tokens: i
         logit_bias=bias,
         min_p=body.min_p or 0.0,
         min_tokens=body.min_tokens,
-        guided=guided_of(body.response_format),
+        guided=guided if guided is not None else guided_of(body.response_format),
     )
 
 
@@ -167,10 +174,11 @@ def admit_completion(body: CompletionBody, model: ServedModel, env: Envelope) ->
     return requests
 
 
-def admit_chat(body: ChatBody, model: ServedModel, env: Envelope) -> GenerateRequest:
-    ids = prompt_ids_of_chat(body, model.tokenizer)
+def admit_chat(body: ChatBody, model: ServedModel, env: Envelope, plan: ToolPlan | None = None) -> GenerateRequest:
+    plan = plan or tool_plan(body, model)
+    ids = prompt_ids_of_chat(body, model.tokenizer, plan)
     _check_ids(ids, model)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(body.requested_max_tokens(), len(ids), model, param)
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    return _request(model, env, ids, _sampling(body, model, max_tokens, body.logprobs, top))
+    return _request(model, env, ids, _sampling(body, model, max_tokens, body.logprobs, top, guided_for(body, plan)))

@@ -170,10 +170,47 @@ class ContentPart(_Body):
     text: Text
 
 
+class FunctionCall(_Body):
+    name: Text
+    arguments: Text = Field(description="the arguments as a JSON object's text")
+
+
+class ToolCall(_Body):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: Text
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+MAX_TOOLS = 128  # OpenAI's limit
+
+
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, description="an assistant's earlier calls")
+    tool_call_id: Text | None = Field(default=None, description="a tool message: the call it answers")
 
     def text(self) -> str:
         if self.content is None:
@@ -189,6 +226,9 @@ class ChatBody(_Common):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token")
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("top_logprobs")
     @classmethod

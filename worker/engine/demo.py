@@ -20,14 +20,39 @@ from typing import Iterable
 import numpy as np
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# ChatML, with tools as Qwen2.5 renders them (Hermes style): the tool signatures in the system turn, an assistant's
+# calls as <tool_call>{"name", "arguments"}</tool_call>, tool results as <tool_response> in a user turn. Without
+# tools it renders exactly as plain ChatML (no default system message).
 CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- if tools %}{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}{%- if message['content'] %}{{- '\n' + message['content'] }}{%- endif %}"
+    "{%- for tool_call in message['tool_calls'] %}"
+    "{%- if tool_call['function'] is defined %}{%- set tool_call = tool_call['function'] %}{%- endif %}"
+    "{{- '\n<tool_call>\n{\"name\": \"' + tool_call['name'] + '\", \"arguments\": ' }}"
+    "{{- tool_call['arguments'] | tojson }}{{- '}\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
-_GENERATOR_VERSION = 2  # bump when the bytes written for a spec change (corpus, init), so old folders are redone
+_GENERATOR_VERSION = 3  # bump when the bytes written for a spec change (corpus, init), so old folders are redone
 _STAMP = "janus_demo.json"  # written last: its presence (with a matching spec) marks a complete folder
 
 

@@ -168,12 +168,20 @@ class TextTokenizer:
         return pieces[: max(vocab_size, 1)] if vocab_size else pieces, self._is_byte_level
 
     @property
+    def tool_call_format(self) -> str:
+        """How this model writes a tool call: "hermes" (<tool_call>{json}</tool_call>, Qwen2.5) unless its template
+        is Llama 3's ("llama3_json": a bare {"name", "parameters"} object)."""
+        return "llama3_json" if "<|eot_id|>" in self._chat_template_source else "hermes"
+
+    @property
     def _is_byte_level(self) -> bool:
         return type(self._tokenizer.decoder).__name__ == "ByteLevel"
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render `messages` ([{"role": ..., "content": ...}]) with the model's chat template (jinja2, sandboxed),
-        or with a plain "role: content" template when the model has none."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """Render `messages` ([{"role": ..., "content": ...}], assistant `tool_calls` too) with the model's chat
+        template (jinja2, sandboxed), or with a plain "role: content" template when the model has none. `tools`:
+        the OpenAI tool definitions, for a template that renders them (as transformers passes them)."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages must be a list of dicts")
         for m in messages:
@@ -183,6 +191,7 @@ class TextTokenizer:
         return template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
