@@ -34,6 +34,11 @@ T = TypeVar("T")
 ERROR_HEADER = "Janus-Error"
 NO_RESPONDER_RETRY_S = 0.05
 FIRST_CONNECT_TIMEOUT_S = 60.0  # a service (or tool) that cannot reach NATS at all says so instead of waiting forever
+# A server whose machine went silent (a cut link, a lost host: no reset arrives) is noticed only by unanswered
+# pings; nats-py's default (one every 120 s, two missed) left a client stuck on it for 4-6 minutes. Here 4-6 s, then
+# it fails over to another node of the cluster (tests/e2e/test_multi_host.py; docs/operations.md, "Several machines").
+PING_INTERVAL_S = 2.0
+MAX_OUTSTANDING_PINGS = 2
 Handler = Callable[[Any, "Envelope"], Awaitable[None]]
 ReplyHandler = Callable[[Any, "Envelope"], Awaitable[BaseModel]]
 
@@ -127,7 +132,8 @@ class Bus:
             servers=url.split(","), name=name or f"janus-{service}", user=user, password=password, tls=tls,
             allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
             connect_timeout=connect_timeout_s, error_cb=on_error, disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect, **options))
+            reconnected_cb=on_reconnect, **{"ping_interval": PING_INTERVAL_S,
+                                            "max_outstanding_pings": MAX_OUTSTANDING_PINGS, **options}))
         try:
             await asyncio.wait({connecting}, timeout=first_connect_timeout_s)
         finally:

@@ -56,6 +56,10 @@ INST_A, INST_B = f"{A}/{MODEL}", f"{B}/{MODEL}"
 GATEWAY_PORT = 8000
 SETUP_BOUND_S = 180.0  # three NATS nodes, two workers (torch, engines), a dispatcher and a gateway on a shared box
 CUT_BOUND_S = 45.0  # every request in flight on the cut host ends (completed or a clear error) within this
+# a client whose node's machine went silent (no reset: a cut link, a machine lost) fails over to another node
+# within this: unanswered pings (runtime/bus.py PING_INTERVAL_S) take 4-6 s, then a connect attempt may go to the
+# silent node first (5 s) before another; before the pings were set it stayed stuck for minutes
+NATS_FAILOVER_BOUND_S = 20.0
 LONG_TOKENS = 2000  # of 4096 positions: streams that outlast the fault (12 of them run 5-15 s here)
 
 
@@ -249,6 +253,17 @@ async def _load(url: str, num_requests: int, body: dict, *, timeout_s: float, st
         return list(await asyncio.gather(*(one(i) for i in range(num_requests))))
 
 
+async def _answers_again_s(bus: Bus, since_s: float, timeout_s: float) -> float:
+    """Seconds from `since_s` until a request over `bus` (worker A's health) is answered again."""
+    while True:
+        try:
+            await bus.request(subjects.health("worker", A), None, HealthReply, timeout_s=1)
+            return time.monotonic() - since_s
+        except BusError:
+            assert time.monotonic() - since_s < timeout_s, f"a client of the cut node still stuck after {timeout_s} s"
+            await asyncio.sleep(0.2)
+
+
 async def _heartbeats_resume(hosts: Hosts, worker: str, since_unix_ms: float, timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -267,21 +282,27 @@ async def test_a_hosts_link_cut_under_load_gives_clear_errors_and_recovers(hosts
     ended_s: list[float] = []
     running = asyncio.create_task(_load(hosts.gateway_url, 12, {**LONG, "max_tokens": max_tokens},
                                         timeout_s=CUT_BOUND_S + 30, ended_s=ended_s))
+    # a client of b's node from another machine (the operator's): the cut leaves its connection open and silent
+    on_b = await Bus.connect(hosts.node_of(hosts.b).url, "multi-host-client-of-b")
     await asyncio.sleep(2.0)
     assert len(hosts.runs_on_b) > num_runs, "B was serving some of the load when its link went"
     cut_s = time.monotonic()
     hosts.b.cut()
     try:
+        failed_over = asyncio.create_task(_answers_again_s(on_b, cut_s, timeout_s=NATS_FAILOVER_BOUND_S))
         # submitted while b is away: served by A
         during = summarise(await _load(hosts.gateway_url, 4, {**LONG, "max_tokens": 20}, timeout_s=60))
         outcomes = await running
+        failover_s = await failed_over  # the link stays down until then: recovering by the link proves nothing
     finally:
+        await on_b.close()
         hosts.b.restore()
     restored_unix_ms = time.time() * 1e3
     summary = report("host b's link cut under load", outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
     after_cut_s = sorted(round(t - cut_s, 1) for t in ended_s)
-    print(f"    the streams ended {after_cut_s} s after the cut; submitted during the cut: {during}")
+    print(f"    the streams ended {after_cut_s} s after the cut; submitted during the cut: {during}; a client of "
+          f"b's node answered again, through another node, {failover_s:.1f} s after the cut")
     assert summary["lost"] == 0, "no request hangs: each completes or ends with a clear error"
     assert max(after_cut_s) < CUT_BOUND_S
     assert failed, "the streams on B could not go on: they end with an error, not silence"
