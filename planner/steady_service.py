@@ -142,6 +142,7 @@ class SteadyPlannerService(Elected, Service):
         plan = decision.plan.model_copy(update={"decision_ms": decision_ms, "epoch": self.leadership.epoch})
         await publish_event(self.bus, subjects.PLAN_STEADY, plan)
         self.last_plan = plan
+        self.overflow.planned(plan)
         self.num_plans += 1
         log.info("steady plan %s: %s", plan.plan_id, plan.reason)
         return plan

@@ -3,7 +3,9 @@
 The steady planner runs every 30 s. A steady model whose traffic jumps between two plans (a small app's burst) is
 served by its share of a shared device until then, and its burst queues at the dispatchers and is rejected. The
 dispatchers' load windows carry their queue depth every 0.5 s; a steady model with requests queued in
-`overflow_num_windows` windows in a row asks for an early steady plan (trigger "overflow"). That plan sees the new
+`overflow_num_windows` windows in a row asks for an early steady plan (trigger "overflow"), and so does one whose
+window's token rate is `overflow_rate_factor` times what its plan was made for (a burst that its shared device admits
+into its batch misses its TPOT long before a queue forms). That plan sees the new
 load: the pool assigner sends a volatile or large model to the elastic pool, where the scaler forks it replicas
 within the next tick; otherwise refit gives it a bin with room. A model triggers an early plan at most every
 `overflow_min_interval_s`, and any two early plans are at least `overflow_min_gap_s` apart, so a fleet where everyone
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from contracts import ModelLoadWindow
+from contracts import ModelLoadWindow, SteadyPlan
 
 from .policy import SteadyPolicy
 
@@ -29,6 +31,20 @@ class OverflowWatch:
         self._queued_in_a_row: dict[tuple[str, str], int] = {}
         self._last_trigger_ms: float | None = None
         self._model_trigger_ms: dict[str, float] = {}  # a model's last early plan
+        self._planned_tps: dict[str, float] = {}  # per model, the token rate the latest steady plan was made for
+
+    def planned(self, plan: SteadyPlan) -> None:
+        """The latest steady plan: the rates it sized its models for (the surge rule's reference)."""
+        self._planned_tps = {w.model: w.features.token_rate_tps for w in plan.loads}
+
+    def is_surging(self, window: ModelLoadWindow) -> bool:
+        """Its rate is `overflow_rate_factor` times what its plan was made for: a burst lands on a shared device and
+        misses its TPOT before a queue forms at the dispatchers (the instance admits it into its batch)."""
+        factor = self.policy.overflow_rate_factor
+        if factor <= 0:
+            return False
+        planned = max(self._planned_tps.get(window.model, 0.0), self.policy.overflow_min_rate_tps)
+        return window.features.token_rate_tps >= factor * planned
 
     @property
     def is_enabled(self) -> bool:
@@ -36,7 +52,7 @@ class OverflowWatch:
 
     def observe(self, window: ModelLoadWindow) -> None:
         key = (window.model, window.dispatcher_id)
-        if window.queue_depth >= self.policy.overflow_queue_depth > 0:
+        if window.queue_depth >= self.policy.overflow_queue_depth > 0 or (self.is_enabled and self.is_surging(window)):
             self._queued_in_a_row[key] = self._queued_in_a_row.get(key, 0) + 1
         else:
             self._queued_in_a_row.pop(key, None)

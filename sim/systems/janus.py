@@ -163,6 +163,8 @@ class JanusControl(ControlPlane):
         plan = self.steady.plan(now_s * 1e3, self.names, workers, trigger=trigger).plan
         self.plans.append(plan)
         self.steady_plan = plan
+        if self.overflow is not None:
+            self.overflow.planned(plan)
         self.elastic_models = elastic_models_of(plan, self.names)
         effects = self.reconciler.on_steady_plan(now_s * 1e3, plan)
         if deliver:

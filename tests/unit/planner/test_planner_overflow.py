@@ -66,3 +66,45 @@ def test_a_model_that_starts_to_overflow_is_not_kept_waiting_by_anothers_interva
         watch.observe(_queued("a", 1, t))
     assert watch.due(5000.0, ["a", "b"]) == []
     assert watch.due(15_500.0, ["a", "b"]) == ["a"]
+
+
+def _plan_for(rates_tps: dict[str, float]):
+    from contracts import SteadyPlan
+
+    loads = tuple(window(m, 1.0, 0.0).model_copy(update={"features": window(m, 1.0, 0.0).features.model_copy(
+        update={"token_rate_tps": tps})}) for m, tps in rates_tps.items())
+    return SteadyPlan(plan_id="s1", created_unix_ms=0.0, trigger="periodic", steady_models=tuple(rates_tps),
+                      elastic_models=(), bins=(), loads=loads)
+
+
+def _at_rate(model: str, tps: float, end_ms: float):
+    w = window(model, 1.0, end_ms)
+    return w.model_copy(update={"features": w.features.model_copy(update={"token_rate_tps": tps})})
+
+
+def test_a_burst_far_above_the_planned_rate_overflows_before_any_queue():
+    # an idle app's burst on a shared device: admitted into the batch (no queue at the dispatchers), TPOT missed
+    policy = SteadyPolicy(overflow_num_windows=3, overflow_rate_factor=4.0, overflow_min_rate_tps=1000.0)
+    watch = OverflowWatch(policy)
+    watch.planned(_plan_for({"idle": 0.0, "busy": 5000.0}))
+    for i, tps in enumerate([3000.0, 4500.0, 8000.0, 12_000.0]):  # 3000 < 4 x the 1000 floor: not yet
+        watch.observe(_at_rate("idle", tps, 500.0 * i))
+        watch.observe(_at_rate("busy", 12_000.0, 500.0 * i))  # 2.4x its planned 5000: a rise, not a surge
+    assert watch.overflowing(["idle", "busy"]) == ["idle"]
+    off = OverflowWatch(policy.model_copy(update={"overflow_rate_factor": 0.0}))
+    off.planned(_plan_for({"idle": 0.0}))
+    for i in range(4):
+        off.observe(_at_rate("idle", 12_000.0, 500.0 * i))
+    assert off.overflowing(["idle"]) == [], "factor 0: queues only"
+
+
+def test_a_new_plan_that_saw_the_burst_ends_the_surge():
+    watch = OverflowWatch(SteadyPolicy(overflow_num_windows=2))
+    watch.planned(_plan_for({"m": 0.0}))
+    for i in range(2):
+        watch.observe(_at_rate("m", 10_000.0, 500.0 * i))
+    assert watch.due(1_000.0, ["m"]) == ["m"]
+    watch.planned(_plan_for({"m": 10_000.0}))  # the early plan sized it for the burst
+    for i in range(2, 6):
+        watch.observe(_at_rate("m", 10_000.0, 500.0 * i))
+    assert watch.overflowing(["m"]) == []
