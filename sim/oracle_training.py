@@ -14,7 +14,7 @@
   where Janus serves it disaggregated (docs/bench/sim.md, run 24).
 - The replica counts: the device plan's (1, 2, 4, 8), and for a kind whose busiest first-minute window the
   datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most `MAX_PROFILED_REPLICAS`
-  (past the grid the GP follows its prior mean).
+  (the oracle's profiling plan, `oracle.profile.run.widened_replicas`; past the grid the GP follows its prior mean).
 - The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
@@ -36,7 +36,14 @@ from oracle.core.dataset import TrainingSet
 from oracle.core.oracle import ModelProfile, Oracle
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
-from oracle.profile.run import DEVICE, ProfilePlan, profile_checkpoint
+from oracle.profile.run import (
+    DEVICE,
+    MAX_PROFILED_REPLICAS,
+    TELEMETRY_WINDOW_S,
+    ProfilePlan,
+    profile_checkpoint,
+    widened_replicas,
+)
 
 from planner.core import ElasticPolicy
 from planner.core.elastic import split_prefill_decode
@@ -46,8 +53,6 @@ from .scenario import Scenario, replicas_for, window_features
 
 SIM_PLAN = DEVICE  # the oracle's plan for a fast target; its mixes are telemetry's (plan_for)
 TELEMETRY_S = 60.0  # the mixes come from the first minute of traffic
-BUSIEST_WINDOW_S = 10.0  # the first minute in windows of this length: the busiest one sizes the replica grid
-MAX_PROFILED_REPLICAS = 32  # the largest m profiled (a point at m costs m engines' steps)
 MAX_REQUESTS_PER_POINT = 20_000  # a small model's point at 3x its knee on 8 devices would send ~300k
 # How a point's labels are scored (oracle/profile/measure.py): "censored" = a request unfinished at the point's end
 # counts its tokens due by then only. Part of the cache key: profiles scored otherwise are not reused.
@@ -110,16 +115,13 @@ def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
                              efficiency=Efficiency(max_num_seqs=datasheet.efficiency.max_num_seqs))
     most = 1
     for app in group.apps:
-        for start in np.arange(0.0, TELEMETRY_S, BUSIEST_WINDOW_S):
-            f = window_features(scenario.trace, app, float(start), float(start) + BUSIEST_WINDOW_S)
+        for start in np.arange(0.0, TELEMETRY_S, TELEMETRY_WINDOW_S):
+            f = window_features(scenario.trace, app, float(start), float(start) + TELEMETRY_WINDOW_S)
             if f.token_rate_tps > 0:
                 f = f.model_copy(update={"token_rate_tps": f.token_rate_tps * elastic.load_headroom})
                 most = max(most, replicas_for(roofline, f, group.ttft_slo_s, group.tpot_slo_s,
                                               elastic.target_attainment, MAX_PROFILED_REPLICAS))
-    replicas = list(base)
-    while most > replicas[-1] // 2 and replicas[-1] < MAX_PROFILED_REPLICAS:
-        replicas.append(min(2 * replicas[-1], MAX_PROFILED_REPLICAS))
-    return tuple(replicas)
+    return widened_replicas(base, most)
 
 
 def planner_layout(elastic: ElasticPolicy) -> Callable[[GridPoint], tuple[int, int]]:

@@ -91,6 +91,21 @@ DEVICE = ProfilePlan("device", replicas=(1, 2, 4, 8), load_bands=((0.05, 0.3), (
                      duration_s=8.0, drain_s=16.0, pilot_duration_s=4.0, pilot_max_runs=6)
 PLANS = {p.name: p for p in (FULL, QUICK, DEVICE)}
 
+# A plan's replica counts widened for a kind its telemetry says runs wide (the busiest window of its first minute,
+# sized by the datasheet): powers of two on to twice that count. A point at m costs m engines' steps, so the grid goes
+# no further than asked, and never past MAX_PROFILED_REPLICAS.
+TELEMETRY_WINDOW_S = 10.0
+MAX_PROFILED_REPLICAS = 32
+
+
+def widened_replicas(base: tuple[int, ...], most_needed: int,
+                     max_replicas: int = MAX_PROFILED_REPLICAS) -> tuple[int, ...]:
+    """`base`, then doublings while `most_needed` is more than half the largest count (at most `max_replicas`)."""
+    replicas = list(base)
+    while most_needed > replicas[-1] // 2 and replicas[-1] < max_replicas:
+        replicas.append(min(2 * replicas[-1], max_replicas))
+    return tuple(replicas)
+
 
 @dataclass
 class ProfileResult:
@@ -220,5 +235,5 @@ def estimate_s(plan: ProfilePlan) -> float:
     return {"quick": 270.0, "full": 540.0}.get(plan.name, 60.0 * math.ceil(plan.num_points / 6))
 
 
-__all__ = ["DEVICE", "FULL", "PLANS", "QUICK", "ProfilePlan", "ProfileResult", "estimate_s", "format_duration",
+__all__ = ["DEVICE", "FULL", "MAX_PROFILED_REPLICAS", "PLANS", "QUICK", "TELEMETRY_WINDOW_S", "ProfilePlan", "ProfileResult", "estimate_s", "format_duration",
            "parse_mixes", "partial_path", "profile_checkpoint"]
