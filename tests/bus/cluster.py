@@ -75,6 +75,28 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     return out
 
 
+def sdk_fixtures(model: str, *, tag: str, ttft_slo_ms: float, timeout_s: float):
+    """The `cluster` and `client` fixtures of an openai SDK test module: a one-worker cluster serving `model` (from
+    `demo_models_dir`) with a lax TTFT SLO (these tests check what comes back, not how fast), started once per
+    module, and the official openai SDK against its gateway without retries (a test sees each answer). Use as
+    `cluster, client = sdk_fixtures(...)` at module level."""
+    import openai
+    import pytest
+
+    @pytest.fixture(scope="module")
+    async def cluster(nats_url, demo_models_dir):
+        config = {"models": [{"name": model, "path": str(demo_models_dir / model), "ttft_slo_ms": ttft_slo_ms}]}
+        c = await start_cluster(nats_url, config, demo_models_dir, tag=tag)
+        yield c
+        await c.stop()
+
+    @pytest.fixture
+    def client(cluster):
+        return openai.AsyncOpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=timeout_s, max_retries=0)
+
+    return cluster, client
+
+
 async def forget_earlier_clusters(nats_url: str) -> None:
     """Empty the instance registry of the session's nats-server: records an earlier module's cluster left (its
     workers stopped, nobody marked them gone) would otherwise be routed to by this cluster's dispatcher, and a

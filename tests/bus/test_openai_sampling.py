@@ -7,23 +7,13 @@ import pytest
 
 from worker.engine.tokenizer import TextTokenizer
 
-from .cluster import start_cluster
+from .cluster import sdk_fixtures
 
 MODEL = "demo-tiny"
 PROMPT = "The quick brown fox jumps over"
 
 
-@pytest.fixture(scope="module")
-async def cluster(nats_url, demo_models_dir):
-    config = {"models": [{"name": MODEL, "path": str(demo_models_dir / MODEL), "ttft_slo_ms": 30000}]}
-    c = await start_cluster(nats_url, config, demo_models_dir, tag="sdk")
-    yield c
-    await c.stop()
-
-
-@pytest.fixture
-def client(cluster):
-    return openai.AsyncOpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120, max_retries=0)
+cluster, client = sdk_fixtures(MODEL, tag="sdk", ttft_slo_ms=30000, timeout_s=120)
 
 
 @pytest.fixture(scope="module")

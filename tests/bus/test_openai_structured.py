@@ -12,7 +12,7 @@ import pytest
 from tests.json_schemas import ORDER, PERSON
 from worker.engine.tokenizer import TextTokenizer
 
-from .cluster import start_cluster
+from .cluster import sdk_fixtures
 
 MODEL = "demo-tiny"
 ASK = [{"role": "user", "content": "Describe a user as JSON."}]
@@ -20,17 +20,7 @@ ASK = [{"role": "user", "content": "Describe a user as JSON."}]
 SCHEMAS = {"person": PERSON, "order": ORDER}
 
 
-@pytest.fixture(scope="module")
-async def cluster(nats_url, demo_models_dir):
-    config = {"models": [{"name": MODEL, "path": str(demo_models_dir / MODEL), "ttft_slo_ms": 60000}]}
-    c = await start_cluster(nats_url, config, demo_models_dir, tag="structured")
-    yield c
-    await c.stop()
-
-
-@pytest.fixture
-def client(cluster):
-    return openai.AsyncOpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=180, max_retries=0)
+cluster, client = sdk_fixtures(MODEL, tag="structured", ttft_slo_ms=60000, timeout_s=180)
 
 
 def _format(name: str, strict: bool = True) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.json_schemas import ORDER
 
-from .cluster import start_cluster
+from .cluster import sdk_fixtures
 
 MODEL = "demo-tiny"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
@@ -25,17 +25,7 @@ PARAMETERS = {"get_weather": WEATHER, "place_order": ORDER}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-async def cluster(nats_url, demo_models_dir):
-    config = {"models": [{"name": MODEL, "path": str(demo_models_dir / MODEL), "ttft_slo_ms": 60000}]}
-    c = await start_cluster(nats_url, config, demo_models_dir, tag="tools")
-    yield c
-    await c.stop()
-
-
-@pytest.fixture
-def client(cluster):
-    return openai.AsyncOpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=180, max_retries=0)
+cluster, client = sdk_fixtures(MODEL, tag="tools", ttft_slo_ms=60000, timeout_s=180)
 
 
 def _check(calls, names) -> None:
