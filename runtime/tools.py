@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bus import Bus
+from .bus import Bus, is_login_refusal
 from .security import operator_login
 from .settings import JanusSettings
 
@@ -72,7 +72,7 @@ def nats_target(settings: JanusSettings, explicit_url: str | None) -> NatsTarget
 
 def failure_line(target: NatsTarget, error: object) -> str:
     text = " ".join(str(error).split())
-    if "authorization" in text.lower() or "authentication" in text.lower():
+    if is_login_refusal(text):
         return (f"NATS at {target.url} (from {target.source}) refused the login ({target.login_source}): {text}; "
                 "set JANUS_NATS_USER / JANUS_NATS_PASSWORD, or pass --state-dir of the `janus up` that runs it")
     return (f"no NATS at {target.url} (from {target.source}) within {TOOL_FIRST_CONNECT_S:g} s: {text}; start one "
