@@ -62,6 +62,10 @@ class ElasticityPrediction(Message):
     attainment_bound: tuple[float, ...]
     model_version: str
     source: str = "gp"
+    # Device time of one decode token over one prefill token for this model's load, from a roofline fitted to steps
+    # measured on the device (a profile); None where the oracle has measured none: the scaler then splits prefill
+    # from decode with its policy's `decode_token_cost_ratio`.
+    decode_token_cost_ratio: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _same_lengths(self) -> "ElasticityPrediction":

@@ -33,12 +33,15 @@ class Efficiency:
     allreduce_latency_ms: float = 0.01
     memory_utilization: float = 0.9  # share of HBM the engine may use (the rest: runtime, workspace)
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # the engine's token budget per step: a busy prefill engine's step size
 
     def __post_init__(self) -> None:
         if not (0 < self.mfu <= 1 and 0 < self.mbu <= 1 and 0 < self.memory_utilization <= 1):
             raise ValueError("Efficiency: mfu, mbu and memory_utilization must be in (0, 1]")
         if self.step_overhead_ms < 0 or self.allreduce_latency_ms < 0 or self.max_num_seqs < 1:
             raise ValueError("Efficiency: overheads must be >= 0 and max_num_seqs >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("Efficiency: max_num_batched_tokens must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,29 @@ class RooflineModel:
         return Equilibrium(rate_rps=point.rate_rps, output_rate_tps=out_rate, prefill_busy_share=prefill_share,
                            decode_batch=batch, decode_concurrency=concurrency, tpot_ms=tpot_ms,
                            is_overloaded=is_overloaded)
+
+    def decode_token_cost_ratio(self, features: LoadFeatures, tpot_slo_ms: float) -> float:
+        """Device time of one decode token over one prefill token, each on an engine busy with its phase alone (how
+        a prefill/decode split shares instances out): a prefill engine's step holds `max_num_batched_tokens` of
+        prompts (at least one), a decode engine's step the largest batch that its KV cache holds and that steps
+        within the TPOT SLO. On a GPU a decode token costs several prefill tokens; on a device whose decode batch
+        is large and whose prefill is compute-bound it can be near 1 (docs/oracle.md, "Prefill and decode")."""
+        if tpot_slo_ms <= 0:
+            raise ValueError("tpot_slo_ms must be > 0")
+        prompt = max(features.input_len_mean, 1.0)
+        num_prompts = max(1, int(self.efficiency.max_num_batched_tokens // prompt))
+        prefill_ms_per_token = float(self.prefill_ms(num_prompts * prompt, num_prompts)) / (num_prompts * prompt)
+        ctx_per_seq = features.input_len_mean + features.output_len_mean / 2.0
+        most = max(1, int(min(self.efficiency.max_num_seqs, self.max_num_kv_tokens / max(ctx_per_seq, 1.0))))
+        low, high = 1, most  # the largest batch within the SLO: the step time grows with the batch
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.decode_step_ms(mid, mid * ctx_per_seq) <= tpot_slo_ms:
+                low = mid
+            else:
+                high = mid - 1
+        decode_ms_per_token = self.decode_step_ms(low, low * ctx_per_seq) / low
+        return decode_ms_per_token / max(prefill_ms_per_token, 1e-12)
 
     def paced_decode_steps_per_s(self, output_rate_tps: float, tpot_slo_ms: float) -> float:
         """Decode steps per second the load needs when every step carries as many tokens as the TPOT SLO allows:

@@ -41,7 +41,7 @@ from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
 from . import metrics
-from .core import ModelProfile, Oracle, OraclePolicy, TrainingSet, UnknownModelError
+from .core import ModelProfile, Oracle, OraclePolicy, TrainingSet, UnknownModelError, calibrated_profile
 from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
 from .core.fitlog import FitLog
 from .core.refit import BackgroundRefitter
@@ -195,6 +195,11 @@ class OracleService(Service):
                         "attainment labels are for the profile's SLOs", path, training_set.ttft_slo_ms,
                         training_set.tpot_slo_ms, spec.name, spec.ttft_slo_ms, spec.tpot_slo_ms)
         self.oracle.add_training_set(training_set)
+        calibrated = calibrated_profile(training_set, *(
+            (spec.ttft_slo_ms, spec.tpot_slo_ms) if spec is not None
+            else (training_set.ttft_slo_ms, training_set.tpot_slo_ms)))
+        if calibrated is not None:  # the profile's fitted roofline: measured per-token costs (the P/D split)
+            self.oracle.register(training_set.model, calibrated)
         self.training_sets_loaded.append(str(path))
         log.info("oracle: %s: %d capacity and %d elasticity samples from %s", training_set.model,
                  len(training_set.capacity), len(training_set.elasticity), path)

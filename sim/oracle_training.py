@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from oracle.core.dataset import TrainingSet
-from oracle.core.oracle import ModelProfile, Oracle
+from oracle.core.oracle import Oracle, calibrated_profile
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
 from oracle.profile.run import (
@@ -44,6 +44,7 @@ from oracle.profile.run import (
     profile_checkpoint,
     widened_replicas,
 )
+from oracle.roofline import Efficiency, RooflineModel
 
 from planner.core import ElasticPolicy
 from planner.core.elastic import split_prefill_decode
@@ -108,7 +109,6 @@ def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
     `load_headroom`) the datasheet's roofline sizes at more instances than half `base`'s largest, powers of two
     on to twice that count (at most MAX_PROFILED_REPLICAS). The datasheet is what the oracle knows before a
     profile; it only picks the grid, the labels are measured."""
-    from oracle.roofline import Efficiency, RooflineModel
 
     datasheet = scenario.cost(group.apps[0]).roofline
     roofline = RooflineModel(datasheet.device, datasheet.shape, tp=group.tp,
@@ -124,11 +124,14 @@ def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
     return widened_replicas(base, most)
 
 
-def planner_layout(elastic: ElasticPolicy) -> Callable[[GridPoint], tuple[int, int]]:
+def planner_layout(elastic: ElasticPolicy, measured: RooflineModel | None = None, tpot_slo_ms: float = 0.0) \
+        -> Callable[[GridPoint], tuple[int, int]]:
     """How the elastic scaler lays out m instances of a load (planner.core.split_prefill_decode): (m, 0) colocated,
-    else (prefill, decode)."""
+    else (prefill, decode), split by the decode-over-prefill token cost the oracle will tell it: that of
+    `measured` (the roofline fitted to the profile's calibration steps), else the policy's."""
     def layout(point: GridPoint) -> tuple[int, int]:
-        num_prefill, num_decode = split_prefill_decode(point.num_replicas, point.features, elastic)
+        ratio = measured.decode_token_cost_ratio(point.features, tpot_slo_ms) if measured is not None else None
+        num_prefill, num_decode = split_prefill_decode(point.num_replicas, point.features, elastic, ratio)
         return (num_prefill, num_decode)
 
     return layout
@@ -137,7 +140,7 @@ def planner_layout(elastic: ElasticPolicy) -> Callable[[GridPoint], tuple[int, i
 def _layout_key(elastic: ElasticPolicy) -> dict:
     """What the layout depends on (part of the cache key and the profile's meta)."""
     return {"split": "planner.core.split_prefill_decode", "min_num_disaggregated": elastic.min_num_disaggregated,
-            "decode_token_cost_ratio": elastic.decode_token_cost_ratio}
+            "decode_token_cost_ratio": "measured: the calibrated roofline's (oracle.roofline)"}
 
 
 def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:
@@ -176,13 +179,17 @@ def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: Profi
         return TrainingSet.load(path)
     cost = scenario.cost(group.apps[0])
     effects = replace(scenario.effects, seed=scenario.effects.seed + 7919)  # its own draws, not the run's
-    layout = planner_layout(elastic)
+
+    def make_profiler(settings: HarnessSettings, max_replicas: int) -> SimDeviceProfiler:
+        profiler = SimDeviceProfiler(group.name, cost, effects, settings, max_replicas=max_replicas)
+        profiler.layout = planner_layout(elastic, profiler.roofline, group.tpot_slo_s * 1e3)
+        return profiler
+
     result = profile_checkpoint(
         Path(group.name), path, model=group.name, plan=plan, settings=_settings(group, plan, scenario.effects.seed),
         show_progress=False, say=say, extra_meta={"target": "simulated device", "apps": list(group.apps),
                                                   "layout": _layout_key(elastic)},
-        make_profiler=lambda settings, n: SimDeviceProfiler(group.name, cost, effects, settings, max_replicas=n,
-                                                            layout=layout))
+        make_profiler=make_profiler)
     return result.training_set
 
 
@@ -238,18 +245,17 @@ def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_
     fitted efficiencies) as the fallback and the group's two GPs. `elastic`: the scaler policy whose layout was
     profiled (default: the live default)."""
     from oracle.gp.train import fit_capacity, fit_elasticity
-    from oracle.roofline import Efficiency, RooflineModel
 
     oracle = Oracle()
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)
-        cost = scenario.cost(group.apps[0])
-        fitted = Efficiency(**{**training_set.meta["efficiency"]})
-        roofline = RooflineModel(cost.roofline.device, cost.roofline.shape, tp=group.tp, efficiency=fitted)
+        profile = calibrated_profile(training_set, group.ttft_slo_s * 1e3, group.tpot_slo_s * 1e3)
+        if profile is None:
+            raise ValueError(f"{group.name}: the cached profile records no fitted roofline; delete it to profile again")
         capacity = fit_capacity(training_set.capacity, oracle.policy)
         elasticity = fit_elasticity(training_set.elasticity, oracle.policy)
         for app in group.apps:
             name = scenario.apps[app].name
-            oracle.register(name, ModelProfile(roofline, group.ttft_slo_s * 1e3, group.tpot_slo_s * 1e3))
+            oracle.register(name, profile)
             oracle.install(name, capacity=capacity, elasticity=elasticity)
     return oracle

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -29,7 +29,8 @@ from contracts import (
     NeedVector,
 )
 
-from ..roofline import RooflineModel
+from ..roofline import Efficiency, RooflineModel
+from ..specs import DeviceSpec, ModelShape
 from .dataset import CapacitySample, ElasticitySample, TrainingSet
 from .features import capacity_inputs, elasticity_grid
 from .monotone import monotone_attainment
@@ -39,6 +40,7 @@ from .stacked import StackedElasticity
 
 Kind = Literal["capacity", "elasticity"]
 GRID_CACHE_SIZE = 4096  # corrected attainment grids kept (one per model and load in a tick)
+RATIO_LENGTH_BUCKET = 0.02  # phase-cost ratios are kept per model and mean lengths bucketed at 2 % (log scale)
 CapacityTrainer = Callable[[Sequence[CapacitySample], OraclePolicy], CapacityPredictor]
 ElasticityTrainer = Callable[[Sequence[ElasticitySample], OraclePolicy], ElasticityPredictor]
 
@@ -57,6 +59,10 @@ class ModelProfile:
     tpot_slo_ms: float
     roofline_need_rel_std: float = 0.25
     roofline_attainment_std: float = 0.1
+    # The roofline's efficiencies were fitted to steps measured on the device (a profile): its per-token costs of
+    # prefill and decode are the device's, and the oracle tells the scaler their ratio for the P/D split. A
+    # datasheet's default efficiencies are not (the scaler keeps its policy's ratio).
+    is_calibrated: bool = False
 
     @property
     def version(self) -> str:
@@ -64,6 +70,27 @@ class ModelProfile:
         e = r.efficiency
         return (f"roofline-{r.device.name}-{r.shape.name}-tp{r.tp}-mfu{e.mfu:g}-mbu{e.mbu:g}"
                 f"-oh{e.step_overhead_ms:g}ms-slo{self.ttft_slo_ms:g}/{self.tpot_slo_ms:g}")
+
+
+def roofline_meta(roofline: RooflineModel) -> dict:
+    """What a training set's meta records of the roofline its profile fitted (read back by `calibrated_profile`)."""
+    return {"device": asdict(roofline.device), "shape": asdict(roofline.shape), "tp": roofline.tp,
+            "efficiency": asdict(roofline.efficiency)}
+
+
+def calibrated_profile(training_set: TrainingSet, ttft_slo_ms: float, tpot_slo_ms: float) -> ModelProfile | None:
+    """The roofline a profile fitted (its device, shape, tensor-parallel degree and efficiencies fitted to the steps
+    it measured, all in the training set's meta) as the model's calibrated profile; None for a training set that
+    carries no such roofline (one written by hand, or before profiles recorded it)."""
+    meta = training_set.meta
+    if not all(isinstance(meta.get(key), dict) for key in ("device", "shape", "efficiency")):
+        return None
+    try:
+        roofline = RooflineModel(DeviceSpec(**meta["device"]), ModelShape(**meta["shape"]), tp=int(meta.get("tp", 1)),
+                                 efficiency=Efficiency(**meta["efficiency"]))
+    except (TypeError, ValueError):
+        return None
+    return ModelProfile(roofline, ttft_slo_ms, tpot_slo_ms, is_calibrated=True)
 
 
 class Oracle:
@@ -81,12 +108,14 @@ class Oracle:
         self._lock = threading.Lock()  # guards the sample lists and the refit bookkeeping, never a prediction
         self._grid_cache: dict[tuple, tuple[tuple[float, ...], ...]] = {}
         self._stack_cache: tuple[tuple, StackedElasticity] | None = None
+        self._ratio_cache: dict[tuple, float | None] = {}
         self._capacity_trainer = capacity_trainer
         self._elasticity_trainer = elasticity_trainer
 
     # --- configuration ---------------------------------------------------------------------------------------
     def register(self, model: str, profile: ModelProfile) -> None:
         self._profiles[model] = profile
+        self._ratio_cache = {k: v for k, v in self._ratio_cache.items() if k[0] != model}
 
     def install(self, model: str, capacity: CapacityPredictor | None = None,
                 elasticity: ElasticityPredictor | None = None) -> None:
@@ -156,8 +185,23 @@ class Oracle:
             # query was validated where it came in, from the bus or a planner).
             predictions.append(ElasticityPrediction.model_construct(
                 model=item.model, replicas=tuple(item.replicas), attainment_mean=mean, attainment_std=std,
-                attainment_bound=bound, model_version=version, source=source))
+                attainment_bound=bound, model_version=version, source=source,
+                decode_token_cost_ratio=self.decode_token_cost_ratio(item.model, item.features)))
         return ElasticityReply.model_construct(predictions=tuple(predictions))
+
+    def decode_token_cost_ratio(self, model: str, features: LoadFeatures) -> float | None:
+        """Device time of a decode token over a prefill token for this load, from the model's calibrated roofline
+        (None: no profile measured the device; the scaler uses its policy's ratio). Kept per model and bucketed
+        mean lengths: a tick asks the same loads again 0.5 s later."""
+        profile = self._profiles.get(model)
+        if profile is None or not profile.is_calibrated:
+            return None
+        key = (model, _bucket(features.input_len_mean), _bucket(features.output_len_mean))
+        if key not in self._ratio_cache:
+            if len(self._ratio_cache) >= GRID_CACHE_SIZE:
+                self._ratio_cache.clear()
+            self._ratio_cache[key] = profile.roofline.decode_token_cost_ratio(features, profile.tpot_slo_ms)
+        return self._ratio_cache[key]
 
     def _grid_key(self, item: ElasticityItem, k_sigma: float) -> tuple | None:
         """What a corrected grid depends on (None: the model has no GP)."""
@@ -324,6 +368,10 @@ class Oracle:
         with self._lock:
             self._num_fitted[(model, kind)] = len(samples)
         return predictor.version
+
+
+def _bucket(length: float) -> int:
+    return int(round(math.log1p(max(length, 0.0)) / RATIO_LENGTH_BUCKET))
 
 
 def _need(values: np.ndarray) -> NeedVector:

@@ -17,6 +17,7 @@ import numpy as np
 from contracts import LoadFeatures, SamplingParams
 
 from ..core.dataset import CapacitySample, ElasticitySample, TrainingSet
+from ..core.oracle import roofline_meta
 from ..roofline import Efficiency, RooflineModel
 from ..specs import DeviceSpec, ModelShape, calibrate_cpu
 from .calibrate import StepSample, fit_efficiency
@@ -380,8 +381,7 @@ def profile_model(profiler: Profiler, grid: Sequence[GridPoint], model: str | No
     out = TrainingSet(model=model or profiler.model_dir.name, device=profiler.roofline.device.name,
                       shape=profiler.shape.name, ttft_slo_ms=s.ttft_slo_ms, tpot_slo_ms=s.tpot_slo_ms,
                       created_unix_s=time.time(),
-                      meta={"harness": asdict(s), "device": asdict(profiler.roofline.device),
-                            "efficiency": asdict(profiler.roofline.efficiency), "shape": asdict(profiler.shape),
+                      meta={"harness": asdict(s), **roofline_meta(profiler.roofline),
                             "calibration": [asdict(c) for c in profiler.calibration], "points": [],
                             "step_cost": asdict(profiler.step_cost) if profiler.step_cost else None,
                             "note": "replicas on virtual clocks advanced by each engine step's "

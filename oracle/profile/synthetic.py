@@ -8,6 +8,7 @@ import numpy as np
 from contracts import NeedVector
 
 from ..core.dataset import CapacitySample, ElasticitySample, TrainingSet
+from ..core.oracle import roofline_meta
 from ..roofline import RooflineModel
 from .grid import GridPoint
 
@@ -18,7 +19,8 @@ def roofline_training_set(model: str, roofline: RooflineModel, grid: list[GridPo
     rng = np.random.default_rng(seed)
     out = TrainingSet(model=model, device=roofline.device.name, shape=roofline.shape.name, ttft_slo_ms=ttft_slo_ms,
                       tpot_slo_ms=tpot_slo_ms, meta={"source": "roofline", "need_noise_rel": need_noise_rel,
-                                                     "attainment_noise": attainment_noise, "seed": seed})
+                                                     "attainment_noise": attainment_noise, "seed": seed,
+                                                     **roofline_meta(roofline)})
     for point in grid:
         features = point.features
         per_replica = features.model_copy(update={"token_rate_tps": features.token_rate_tps / point.num_replicas})

@@ -25,16 +25,19 @@ def num_devices(pd: PD) -> int:
     return pd[0] + pd[1]
 
 
-def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: ElasticPolicy) -> PD:
+def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: ElasticPolicy,
+                         decode_token_cost_ratio: float | None = None) -> PD:
     """Share `num_instances` single-model devices between prefill and decode in proportion to the device time each
-    phase takes (input tokens vs output tokens weighted by `decode_token_cost_ratio`), at least one of each. Below
+    phase takes (input tokens vs output tokens weighted by the device time of a decode token over a prefill token:
+    the oracle's, measured on the device, else the policy's `decode_token_cost_ratio`), at least one of each. Below
     `min_num_disaggregated` instances, P/D is not worth its transfer: that many colocated instances."""
     if num_instances <= 0:
         return (0, 0)
     if num_instances < policy.min_num_disaggregated:
         return (num_instances, 0)
+    ratio = decode_token_cost_ratio if decode_token_cost_ratio is not None else policy.decode_token_cost_ratio
     prefill_work = features.input_len_mean
-    decode_work = features.output_len_mean * policy.decode_token_cost_ratio
+    decode_work = features.output_len_mean * ratio
     weights = [prefill_work, decode_work] if prefill_work + decode_work > 0 else [1.0, 1.0]
     num_prefill = largest_remainder(weights, num_instances)[0]
     num_prefill = min(max(num_prefill, 1), num_instances - 1)
@@ -168,8 +171,8 @@ class ElasticScaler:
                                  unpadded_counts(desired, loads, p) if is_over else None)
         is_scaled_down = allotted != desired
         busy_set = set(busy)
-        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p) if m in busy_set else (allotted[m], 0)
-               for m in models}
+        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p, _measured_ratio(searches.get(m)))
+               if m in busy_set else (allotted[m], 0) for m in models}
 
         notes: list[str] = []
         held: set[str] = set()
@@ -376,3 +379,8 @@ class ElasticScaler:
         elif applied != raw and num_devices(applied) == 1:
             why += "; its first instance at once, the rest when two plans agree"
         return why
+
+
+def _measured_ratio(search: ReplicaSearch | None) -> float | None:
+    """The oracle's decode-over-prefill token cost for the load searched (None: it measured none)."""
+    return search.prediction.decode_token_cost_ratio if search is not None else None

@@ -45,6 +45,7 @@ class _Asker:
         self.oracle, self.features, self.k_sigma = oracle, features, k_sigma
         self.seen: dict[str, dict[int, tuple[float, float, float]]] = {m: {} for m in features}
         self.versions: dict[str, tuple[str, str]] = {}
+        self.ratios: dict[str, float | None] = {}
         self.num_rounds = 0
 
     def ask(self, asks: Mapping[str, tuple[int, ...]]) -> None:
@@ -67,6 +68,7 @@ class _Asker:
             for r, mean, std, bound in zip(p.replicas, p.attainment_mean, p.attainment_std, p.attainment_bound):
                 self.seen[m][r] = (mean, std, bound)
             self.versions[m] = (p.model_version, p.source)
+            self.ratios[m] = p.decode_token_cost_ratio
 
     def bound(self, model: str, m: int) -> float:
         return self.seen[model][m][2]
@@ -78,7 +80,7 @@ class _Asker:
         return ElasticityPrediction(
             model=model, replicas=tuple(reps), attainment_mean=tuple(s[r][0] for r in reps),
             attainment_std=tuple(s[r][1] for r in reps), attainment_bound=tuple(s[r][2] for r in reps),
-            model_version=version, source=source,
+            model_version=version, source=source, decode_token_cost_ratio=self.ratios.get(model),
         )
 
 

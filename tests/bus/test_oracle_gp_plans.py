@@ -39,6 +39,8 @@ from oracle.profile.grid import GridPoint, LengthMix, load_grid
 from oracle.profile.synthetic import roofline_training_set
 from oracle.roofline import RooflineModel
 from oracle.specs import h200, model_shape
+from planner.core import ElasticPolicy
+from planner.core.elastic import split_prefill_decode
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -52,6 +54,7 @@ CAP = 16  # the scaler's max_num_replicas; the budget (idle workers) is at least
 NUM_WORKERS = 12
 CHAT = LengthMix("chat", 400, 0.8, 150)
 SHORT = LengthMix("short", 100, 0.3, 300)
+PROFILED = RooflineModel(h200(), model_shape("qwen2-7b"))  # the roofline the training set records as fitted
 RATES_RPS = (20.0, 100.0, 200.0)  # ascending: a count only grows, so no scale-in rule changes what is asked
 
 
@@ -59,7 +62,7 @@ RATES_RPS = (20.0, 100.0, 200.0)  # ascending: a count only grows, so no scale-i
 def state_dir(tmp_path_factory) -> Path:
     """A state directory holding the model's training set at <state_dir>/oracle/<model>.json."""
     root = tmp_path_factory.mktemp("gp-plans")
-    roofline = RooflineModel(h200(), model_shape("qwen2-7b"))
+    roofline = PROFILED
     grid = load_grid([2, 5, 10, 20, 40, 80, 160], [CHAT, SHORT], [1, 2, 4, 8])
     training_set = roofline_training_set(MODEL, roofline, grid, TTFT_SLO_MS, TPOT_SLO_MS, need_noise_rel=0.05,
                                          attainment_noise=0.01, seed=1)
@@ -173,6 +176,7 @@ async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_f
         tasks.append(asyncio.create_task(run_service(services["elastic-scaler"], install_signals=False)))
 
         found: list[int] = []
+        disaggregated: list[tuple[tuple[int, int], tuple[int, int]]] = []  # (measured split, the policy's)
         for rate in RATES_RPS:
             # what the oracle says, asked directly: m* = the least m whose bound meets the target
             reply = await ask_oracle(bus, rate)
@@ -206,7 +210,18 @@ async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_f
                 assert target.desired_replicas == expected, (rate, target.desired_replicas, expected, target.reason)
                 assert target.reason.startswith(f"m*={expected}: bound"), target.reason
                 assert expected in prediction.replicas and (expected == 1 or expected - 1 in prediction.replicas)
+                # the split: by the decode-over-prefill token cost of the profile's fitted roofline, not the policy's
+                ratio = PROFILED.decode_token_cost_ratio(plan.loads[0].features, TPOT_SLO_MS)
+                assert prediction.decode_token_cost_ratio == pytest.approx(ratio, rel=1e-6)
+                layout = split_prefill_decode(expected, plan.loads[0].features, ElasticPolicy(), ratio)
+                is_settled = target.num_prefill + target.num_decode == expected  # not a debounced count
+                if is_settled and expected >= ElasticPolicy().min_num_disaggregated:
+                    assert (target.num_prefill, target.num_decode) == layout, (target, ratio)
+                    disaggregated.append((layout, split_prefill_decode(expected, plan.loads[0].features,
+                                                                       ElasticPolicy())))
             found.append(expected)
+        assert disaggregated, "some rate was served by prefill and decode instances"
+        assert any(measured != policys for measured, policys in disaggregated), disaggregated  # the ratio mattered
         # the plans followed the load through the GP: more replicas at each higher rate
         assert found == sorted(found) and len(set(found)) == len(found) and found[0] >= 1, found
     finally:

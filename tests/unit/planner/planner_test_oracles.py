@@ -57,12 +57,14 @@ class TableOracle:
         per_replica_tps: float = 1000.0,
         attainment: Callable[[str, LoadFeatures, int], float] | None = None,
         version: str = "test-v1",
+        decode_token_cost_ratio: float | None = None,
     ) -> None:
         self.needs = needs or {}
         self.default = default
         self.per_replica_tps = per_replica_tps
         self._attainment = attainment
         self.version = version
+        self.decode_token_cost_ratio = decode_token_cost_ratio  # what a calibrated oracle measured (None: none)
         self.num_capacity_calls = 0
         self.num_elasticity_calls = 0
         self.asked: list[tuple[str, int]] = []
@@ -100,6 +102,6 @@ class TableOracle:
             preds.append(ElasticityPrediction(
                 model=item.model, replicas=item.replicas, attainment_mean=tuple(means),
                 attainment_std=tuple(stds), attainment_bound=tuple(bounds), model_version=self.version,
-                source="test",
+                source="test", decode_token_cost_ratio=self.decode_token_cost_ratio,
             ))
         return ElasticityReply(predictions=tuple(preds))

@@ -122,6 +122,31 @@ def test_prefill_decode_split():
     assert split_prefill_decode(3, features(1.0, input_len_mean=10.0, output_len_mean=2000.0), p) == (1, 2)
 
 
+def test_a_measured_ratio_overrides_the_policys():
+    p = ElasticPolicy(decode_token_cost_ratio=2.0)
+    f = features(1.0, input_len_mean=250.0, output_len_mean=750.0)
+    assert split_prefill_decode(8, f, p) == (1, 7)  # 250 : 1500
+    assert split_prefill_decode(8, f, p, decode_token_cost_ratio=1.0) == (2, 6)  # 250 : 750
+    assert split_prefill_decode(8, f, p, decode_token_cost_ratio=None) == (1, 7)
+
+
+@pytest.mark.parametrize("measured", [None, 0.5, 1.0, 4.0])
+def test_the_scaler_splits_by_the_oracles_measured_ratio(measured):
+    """A calibrated oracle's decode-over-prefill token cost (ElasticityPrediction.decode_token_cost_ratio) sizes
+    the split; without one, the policy's."""
+    policy = bare_elastic(target_attainment=0.95, is_debounced=False, decode_token_cost_ratio=2.0,
+                          min_num_disaggregated=3)
+    scaler = ElasticScaler(TableOracle(per_replica_tps=200.0, decode_token_cost_ratio=measured), policy)
+    scaler.observe(window("hot", 20.0, 4000.0, input_len_mean=500.0, output_len_mean=500.0))
+    hot = scaler.tick(1000.0, ["hot"], budget_devices=100).plan.targets[0]
+    total = hot.num_prefill + hot.num_decode
+    assert total >= 6 and hot.prediction.decode_token_cost_ratio == measured
+    want = split_prefill_decode(total, scaler.load("hot").features, policy, measured)
+    assert (hot.num_prefill, hot.num_decode) == want
+    share = 1.0 / (1.0 + (measured if measured is not None else 2.0))  # prefill's share of the device time
+    assert abs(hot.num_prefill / total - share) <= 1.0 / total
+
+
 def test_tick_produces_a_plan_with_predictions_and_reasons():
     oracle = TableOracle(version="v7")
     scaler = ElasticScaler(oracle, bare_elastic(target_attainment=0.95, is_debounced=False))

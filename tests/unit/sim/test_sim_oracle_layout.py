@@ -96,3 +96,21 @@ def test_busy_kinds_profile_more_replicas_and_the_layout_keys_the_cache(tmp_path
                                                                          ElasticPolicy())
     assert cache_path(scenario, group, replace(SIM_PLAN, replicas=(1, 2)), tmp_path) != \
         cache_path(scenario, group, SIM_PLAN, tmp_path)
+
+
+@pytest.mark.parametrize("shape, tp", [("qwen2-7b", 1), ("qwen2.5-32b", 2)])
+def test_the_profile_measures_the_split_ratio_the_scaler_is_told(shape, tp):
+    """The roofline fitted to the profile's calibration steps (no cost-model parameter read) gives the decode-over-
+    prefill token cost within 15 % of the simulated device's own, and the profiled layout splits by it: what the
+    learned oracle will tell the scaler (docs/oracle.md, "Prefill and decode")."""
+    cost = step_cost(device("ascend-910c-die"), model_shape(shape), tp)
+    profiler = SimDeviceProfiler(shape, cost, DeviceEffects.off(), SETTINGS, max_replicas=8)
+    tpot_ms = 50.0
+    mix = LengthMix("long-answers", 260, 0.5, 670)
+    point = GridPoint(40.0, mix, 8)
+    measured = profiler.roofline.decode_token_cost_ratio(point.features, tpot_ms)
+    truth = cost.roofline.decode_token_cost_ratio(point.features, tpot_ms)
+    assert measured == pytest.approx(truth, rel=0.15)
+    layout = planner_layout(ElasticPolicy(), profiler.roofline, tpot_ms)
+    assert layout(point) == split_prefill_decode(8, point.features, ElasticPolicy(), measured)
+    assert planner_layout(ElasticPolicy())(point) == split_prefill_decode(8, point.features, ElasticPolicy())
