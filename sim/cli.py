@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-effects", choices=["off", "on"], default="off",
                    help="on: the simulated devices do what a roofline leaves out (interference, mixed steps, small "
                    "batches, jitter, fork sources: sim/device_effects.py); off: they run the roofline itself")
+    p.add_argument("--oracle", choices=["clairvoyant", "learned", "roofline"], default="clairvoyant",
+                   help="what the Janus systems (janus, its ablations) ask: the cost model's own roofline, GPs fitted "
+                   "on profiles of the simulated device (as a deployment learns; profiled once, cached under "
+                   "artifacts/sim-oracle), or the untrained datasheet roofline (janus-learned, janus-clairvoyant and "
+                   "janus-roofline keep theirs)")
     p.add_argument("--config", type=Path, default=None, help="cluster YAML: Janus runs with its planner and "
                    "dispatcher policies (default: the live defaults, as `janus config` prints them)")
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
                         duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
                         device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy,
-                        device_effects=args.device_effects)
+                        device_effects=args.device_effects, oracle=args.oracle)
     console = Console() if Console().is_terminal else Console(width=170)
     trace = spec.build_trace()
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = None
     from .runner import uses_learned_oracle
 
-    if any(uses_learned_oracle(s) for s in systems):  # before the systems start, so each reads the cache
+    if any(uses_learned_oracle(s, spec.oracle) for s in systems):  # before the systems start: each reads the cache
         from .oracle_training import ensure_profiles
 
         from .runner import janus_policies

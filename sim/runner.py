@@ -27,8 +27,11 @@ def janus_policies(policy: dict | None = None) -> tuple:
     return PlannerPolicy(**policy.get("planner", {})), DispatchPolicy(**policy.get("dispatcher", {}))
 
 
-def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle") \
+def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle",
+             oracle: str = "clairvoyant") \
         -> dict[str, Callable[[], ControlPlane]]:
+    """The systems by name. `oracle`: what the Janus systems (janus, its ablations) ask; `janus-clairvoyant` and
+    `janus-learned` and `janus-roofline` keep theirs whatever it is."""
     from .systems.baselines import BlitzScaleLike, PrismJanusAllocator, PrismLike
     from .systems.janus import JanusControl
     from .systems.static import StaticPartition
@@ -36,7 +39,7 @@ def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-
     planner, dispatch = janus_policies(policy)
     no_resume = planner.model_copy(update={"reconciler": planner.reconciler.model_copy(
         update={"resumes_draining": False})})
-    def janus(mode: str, name: str | None = None, oracle: str = "clairvoyant", planner_policy=planner):
+    def janus(mode: str, name: str | None = None, oracle: str = oracle, planner_policy=planner):
         return lambda: JanusControl(mode, planner_policy, dispatch, name=name, oracle=oracle,
                                     oracle_cache_dir=oracle_cache_dir)
 
@@ -50,19 +53,22 @@ def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-
         "elastic-only": janus("elastic_only"),
         "janus-no-resume": janus("both", "janus-no-resume", planner_policy=no_resume),
         "janus-learned": janus("both", "janus-learned", oracle="learned"),
+        "janus-clairvoyant": janus("both", "janus-clairvoyant", oracle="clairvoyant"),
         "janus-roofline": janus("both", "janus-roofline", oracle="roofline"),
     }
 
 
-def uses_learned_oracle(system: str) -> bool:
-    """Whether `system` needs the profiles of the simulated device (ensure_profiles, before the workers start)."""
-    factory = _systems().get(system)
+def uses_learned_oracle(system: str, oracle: str = "clairvoyant") -> bool:
+    """Whether `system` needs the profiles of the simulated device (ensure_profiles, before the workers start) when
+    the Janus systems ask `oracle`."""
+    factory = _systems(oracle=oracle).get(system)
     return factory is not None and getattr(factory(), "oracle_kind", None) == "learned"
 
 
 SYSTEM_NAMES = ("janus", "static", "prism-like", "blitzscale-like", "steady-only", "elastic-only")
 # Not in the default run: experiments one can name with --systems (docs/sim.md).
-EXTRA_SYSTEM_NAMES = ("janus-no-resume", "janus-learned", "janus-roofline", "prism-janus-allocator")
+EXTRA_SYSTEM_NAMES = ("janus-no-resume", "janus-learned", "janus-clairvoyant", "janus-roofline",
+                      "prism-janus-allocator")
 
 # Relative CPU time of each system on the headline run (run 15, docs/bench/sim.md): run_many starts the longest
 # first (longest-processing-time order), so two processes end together instead of one finishing the last long
@@ -93,6 +99,10 @@ class ScenarioSpec:
     policy: dict | None = None  # Janus's policies as `janus config` prints them (None: the live defaults)
     device_effects: str = "off"  # "on": the devices do what a roofline leaves out (sim/device_effects.py)
     oracle_cache_dir: str = "artifacts/sim-oracle"  # profiles of the simulated device (sim/oracle_training.py)
+    # What the Janus systems ask: "clairvoyant" (the roofline of the cost model that times the devices; the default
+    # until the learned one meets the headline's goals: docs/bench/sim.md run 28), "learned" (GPs fitted on profiles
+    # of the simulated device, as a deployment learns) or "roofline" (the datasheet's, untrained)
+    oracle: str = "clairvoyant"
 
     def build_trace(self) -> Trace:
         if self.trace == "servegen":
@@ -146,7 +156,7 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
-    control = _systems(spec.policy, spec.oracle_cache_dir)[system]()
+    control = _systems(spec.policy, spec.oracle_cache_dir, spec.oracle)[system]()
     run = SystemRun(scenario, control)
     n = scenario.trace.num_requests
     cpu0 = time.process_time()
@@ -191,7 +201,7 @@ def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: 
         raise ValueError(f"unknown systems {unknown}; known: {sorted(_systems())}")
     if len(set(systems)) != len(systems):
         raise ValueError(f"a system is listed twice: {systems}")
-    if any(uses_learned_oracle(s) for s in systems):  # profiled once here, not in each worker
+    if any(uses_learned_oracle(s, spec.oracle) for s in systems):  # profiled once here, not in each worker
         from .oracle_training import ensure_profiles
 
         ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=processes,

@@ -238,18 +238,19 @@ class Oracle:
             if len(group) == 1:
                 predictor = self._elasticity[missing[group[0]].model]
 
-                def predict(include_noise: bool):
-                    mean, std = predictor.predict(inputs[0], include_noise=include_noise)
+                def predict(include_noise: bool, k_sigma: float | None = None):
+                    mean, std = predictor.predict(inputs[0], include_noise=include_noise, k_sigma=k_sigma)
                     return mean[None], std[None]
             else:
                 stack = self._stack([missing[k].model for k in group])
 
-                def predict(include_noise: bool):
-                    return stack.predict(inputs, include_noise=include_noise)
+                def predict(include_noise: bool, k_sigma: float | None = None):
+                    return stack.predict(inputs, include_noise=include_noise, k_sigma=k_sigma)
             # the answer's std is one window's (what a measurement is compared with); the bound the planners size
             # by uses the policy's (OraclePolicy.elasticity_bound_std)
             raw_means, raw_stds = predict(True)
-            bound_stds = predict(False)[1] if self.policy.elasticity_bound_std == "latent" else raw_stds
+            is_latent = self.policy.elasticity_bound_std == "latent"
+            bound_stds = predict(not is_latent, query.k_sigma)[1]
             means, bounds = monotone_attainment(raw_means, bound_stds, query.k_sigma)
             for key, mean, std, bound in zip(group, means.tolist(), raw_stds.tolist(), bounds.tolist()):
                 found[key] = self._grid_cache[key] = (tuple(mean), tuple(std), tuple(bound))

@@ -11,10 +11,10 @@ class OraclePolicy:
     max_train_points: int = 400  # an exact GP is O(n^3): beyond this, subsample (newest kept)
     num_train_iters: int = 40  # L-BFGS iterations
     need_floor: float = 1e-4  # needs are learnt as log(need + floor)
-    attainment_target: Literal["identity", "logit"] = "identity"
+    attainment_target: Literal["identity", "logit"] = "logit"
     # Elasticity GP prior mean: a logistic knee in the load per replica (the GP models the residual), or constant
     elasticity_mean: Literal["logistic", "constant"] = "logistic"
-    logit_clip: float = 0.005  # attainment clipped to [clip, 1 - clip] before a logit
+    logit_clip: float = 0.001  # attainment clipped to [clip, 1 - clip] before a logit
     refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
     refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
     max_samples_per_model: int = 5000  # online samples beyond this: the oldest telemetry goes first

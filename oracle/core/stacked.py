@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .posterior import MAX_SQ_DIST, logistic_prior
-from .predictors import ElasticityPredictor
+from .predictors import ElasticityPredictor, attainment_scale
 
 _FAR = 1e3  # length-scale units: exp(-0.5 * 1e6) == 0.0 in float64
 
@@ -54,7 +54,8 @@ class StackedElasticity:
         self.y_mean = np.array([p.y_mean[0] for p in posts])
         self.y_std = np.array([p.y_std[0] for p in posts])
 
-    def predict(self, x: np.ndarray, include_noise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, x: np.ndarray, include_noise: bool = True,
+                k_sigma: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """x (b, g, d): row i holds model i's inputs. Returns attainment mean and std, each (b, g); the std with the
         label noise (predictive) or without (latent), as ElasticityPredictor.predict."""
         z = (x - self.x_mean[:, None, :]) / self.scale[:, None, :]
@@ -71,8 +72,4 @@ class StackedElasticity:
         var = self.outputscale[:, None] - np.einsum("bgn,bgn->bg", v, v) + (noise if include_noise else 0.0)
         mu = mu * self.y_std[:, None] + self.y_mean[:, None]
         sigma = np.sqrt(np.maximum(var, 1e-12)) * self.y_std[:, None]
-        if not self.targets.any():
-            return np.clip(mu, 0.0, 1.0), sigma
-        mean = np.where(self.targets[:, None], 1.0 / (1.0 + np.exp(-mu)), np.clip(mu, 0.0, 1.0))
-        std = np.where(self.targets[:, None], sigma * mean * (1.0 - mean), sigma)
-        return mean, std
+        return attainment_scale(mu, sigma, self.targets[:, None], k_sigma)

@@ -1,4 +1,6 @@
 """gpytorch training: the numpy posterior reproduces gpytorch's own predictions; the fitted predictors learn."""
+from dataclasses import replace
+
 import gpytorch
 import numpy as np
 import pytest
@@ -107,11 +109,12 @@ def _knee_samples(rng, num, max_replicas=3):
     return out
 
 
-def test_logistic_mean_learns_a_known_knee_and_extrapolates_in_m():
+@pytest.mark.parametrize("target", ["identity", "logit"])
+def test_logistic_mean_learns_a_known_knee_and_extrapolates_in_m(target):
     rng = np.random.default_rng(3)
     train, test = _knee_samples(rng, 60), _knee_samples(rng, 200)
-    predictor = fit_elasticity([s for s, _ in train], FAST)
-    assert predictor.version.startswith("gp-elasticity-identity-logistic-n60")
+    predictor = fit_elasticity([s for s, _ in train], replace(FAST, attainment_target=target))
+    assert predictor.version.startswith(f"gp-elasticity-{target}-logistic-n60")
     mean, _ = predictor.predict(elasticity_inputs([s.features for s, _ in test], [s.num_replicas for s, _ in test]))
     errors = np.abs(mean - np.array([t for _, t in test]))
     # (a constant-mean GP on the same data: 0.020 and 0.061, measured)
@@ -191,15 +194,17 @@ def test_stacked_models_predict_exactly_what_each_predicts_alone(training_set):
     from oracle.core.stacked import StackedElasticity
 
     samples = training_set.elasticity
-    # three models fitted on different data (different sizes), one with a logit target
-    predictors = [fit_elasticity(samples[:20], FAST), fit_elasticity(samples[10:45], FAST),
+    # four models fitted on different data (different sizes), one with the identity target, the rest logit
+    predictors = [fit_elasticity(samples[:20], replace(FAST, attainment_target="identity")),
+                  fit_elasticity(samples[10:45], FAST),
                   fit_elasticity(samples[5:30], OraclePolicy(num_train_iters=25, attainment_target="logit")),
                   fit_elasticity(samples[3:33], OraclePolicy(num_train_iters=25, elasticity_mean="constant"))]
     assert predictors[0].posterior.mean_amplitude[0] > 0 and predictors[3].posterior.mean_amplitude[0] == 0
     grid = np.arange(1, 17)
     inputs = np.stack([elasticity_grid(samples[i].features, grid) for i in (0, 7, 19, 25)])
-    mean, std = StackedElasticity(predictors).predict(inputs)
-    for i, p in enumerate(predictors):
-        alone_mean, alone_std = p.predict(inputs[i])
-        np.testing.assert_allclose(mean[i], alone_mean, atol=1e-9)
-        np.testing.assert_allclose(std[i], alone_std, atol=1e-9)
+    for k_sigma in (None, 1.0):  # the std as reported, and the one the bound is taken with
+        mean, std = StackedElasticity(predictors).predict(inputs, k_sigma=k_sigma)
+        for i, p in enumerate(predictors):
+            alone_mean, alone_std = p.predict(inputs[i], k_sigma=k_sigma)
+            np.testing.assert_allclose(mean[i], alone_mean, atol=1e-9)
+            np.testing.assert_allclose(std[i], alone_std, atol=1e-9)

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow  # ~5 s on an idle machine: two systems, trace gen
 @needs_traces
 def test_cli_writes_summary_and_figure(tmp_path, capsys):
     code = main(["--apps", "12", "--requests", "6000", "--duration-s", "60", "--window-s", "10", "--devices", "96",
-                 "--systems", "static,janus", "--processes", "1", "--out", str(tmp_path)])
+                 "--systems", "static,janus", "--processes", "1", "--out", str(tmp_path),
+                 "--oracle", "clairvoyant"])  # not the default learned one: no profiling in a test of the CLI
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [s["system"] for s in summary["systems"]] == ["static", "janus"]
@@ -40,7 +41,8 @@ def test_cli_runs_janus_with_the_policies_of_a_cluster_yaml(tmp_path):
     config = tmp_path / "cluster.yaml"
     config.write_text("planner:\n  elastic:\n    max_num_replicas: 7\ndispatcher:\n  window_s: 3.0\n")
     code = main(["--apps", "6", "--requests", "2000", "--duration-s", "60", "--window-s", "5", "--devices", "48",
-                 "--systems", "janus", "--processes", "1", "--out", str(tmp_path), "--config", str(config)])
+                 "--systems", "janus", "--processes", "1", "--out", str(tmp_path), "--config", str(config),
+                 "--oracle", "clairvoyant"])
     assert code == 0
     policy = json.loads((tmp_path / "summary.json").read_text())["meta"]["policy"]
     assert policy["planner"]["elastic"]["max_num_replicas"] == 7 and policy["dispatcher"]["window_s"] == 3.0

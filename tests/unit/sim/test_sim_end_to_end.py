@@ -54,7 +54,8 @@ def test_rejections_are_kept_per_app_with_their_cause():
 @pytest.mark.slow
 @needs_traces
 def test_every_system_runs_the_same_small_scenario():
-    spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96)
+    spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96,
+                        oracle="clairvoyant")  # the learned one profiles first: tests/unit/sim/test_sim_oracle_training.py
     results = run_many(spec, list(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES), processes=1)
     by_name = {r.system: r for r in results}
     assert set(by_name) == set(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES)
@@ -79,7 +80,8 @@ def test_the_longest_systems_start_first():
 @needs_traces
 def test_parallel_results_come_back_in_the_order_asked():
     # started longest first (janus before static) on two processes, reported as listed
-    spec = ScenarioSpec(num_apps=6, num_requests=1500, duration_s=60, window_s=5, num_devices=48)
+    spec = ScenarioSpec(num_apps=6, num_requests=1500, duration_s=60, window_s=5, num_devices=48,
+                        oracle="clairvoyant")
     results = run_many(spec, ["static", "janus"], processes=2)
     assert [r.system for r in results] == ["static", "janus"]
     assert all(r.summary.num_requests == results[0].summary.num_requests > 0 for r in results)
