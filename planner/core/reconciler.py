@@ -51,6 +51,9 @@ class Reconciler:
         self.view = ClusterView(self.policy.heartbeat_timeout_ms)
         self._placer = ElasticPlacer(resumes_draining=self.policy.resumes_draining)
         self._plans: dict[str, SteadyPlan | ElasticPlan] = {}  # kind -> latest plan acted on
+        # kind -> the newest planner epoch seen (planner/leader.py): a plan of an older term is ignored, as workers
+        # refuse an older reconciler's commands (worker/core/fencing.py)
+        self._newest_epoch: dict[str, int] = {}
         self._done: set[str] = set()
         self._blocked_reported: set[tuple[str, str]] = set()
         self._ops: dict[str, Op] = {}  # instance id -> op
@@ -140,6 +143,13 @@ class Reconciler:
             out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="ignored", unix_ms=now_ms,
                                                 detail="observe-only plan"))
             return out.build()
+        newest = self._newest_epoch.get(kind, 0)
+        if plan.epoch < newest:  # from a planner that lost its lease (paused past it): a newer term has planned
+            out.plan_statuses.append(PlanStatus(
+                plan_id=plan.plan_id, kind=kind, status="ignored", unix_ms=now_ms,
+                detail=f"stale epoch {plan.epoch}: a {kind} planner of epoch {newest} leads now"))
+            return out.build()
+        self._newest_epoch[kind] = plan.epoch
         prev = self._plans.get(kind)
         if prev is not None and prev.plan_id not in self._done:
             out.plan_statuses.append(PlanStatus(plan_id=prev.plan_id, kind=kind, status="superseded", unix_ms=now_ms,

@@ -262,3 +262,41 @@ async def test_kill_9_of_the_active_scaler_and_reconciler_under_load_the_standby
             except subprocess.TimeoutExpired:
                 proc.kill()
         await stop_services({"steady": steady}, [steady_task])
+
+
+async def test_a_live_reconciler_ignores_a_plan_of_a_deposed_planners_term(nats_url, bus_factory, tmp_path):
+    """A scaler that paused past its lease may publish the plan it was making after a newer term has planned: the
+    reconciler reports it `ignored` on the audit subject and the fleet keeps the newer term's counts
+    (planner/core/reconciler.py)."""
+    from contracts import PlanStatus
+    from planner.reconciler_service import ReconcilerService
+    from planner.shell import publish_event
+    from test_planner_reconciler import elastic
+
+    fleet = await start_fleet(bus_factory)
+    statuses: list[PlanStatus] = []
+
+    async def on_status(status: PlanStatus, env) -> None:
+        statuses.append(status)
+
+    await fleet.bus.subscribe(subjects.PLAN_STATUS, PlanStatus, on_status)
+    cluster = ClusterConfig.model_validate(CLUSTER)
+    reconciler = ReconcilerService(JanusSettings(nats_url=nats_url, instance="fence-rec", state_dir=tmp_path), cluster)
+    task = asyncio.create_task(run_service(reconciler, install_signals=False))
+    try:
+        await wait_for(reconciler.is_leader, what="the reconciler leading")
+        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, elastic("elastic-new-1", {"hot": (2, 0)}).model_copy(
+            update={"epoch": 5, "created_unix_ms": time.time() * 1e3}))
+        await wait_for(lambda: fleet.ready("hot") == 2, what="the term-5 plan's two hot instances")
+        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, elastic("elastic-old-1", {"hot": (4, 0)}).model_copy(
+            update={"epoch": 4, "created_unix_ms": time.time() * 1e3}))
+        ignored = await wait_for(lambda: [s for s in statuses if s.plan_id == "elastic-old-1"], timeout_s=10,
+                                 what="a status for the stale plan")
+        assert ignored[0].status == "ignored" and "stale epoch 4" in ignored[0].detail
+        await asyncio.sleep(1.5)  # several reconciler ticks: nothing moves towards the deposed term's four
+        assert fleet.ready("hot") == 2
+        assert not any(s.plan_id == "elastic-new-1" and s.status == "superseded" for s in statuses)
+    finally:
+        for t in fleet.tasks:
+            t.cancel()
+        await stop_services({"reconciler": reconciler}, [task])
