@@ -1,4 +1,5 @@
-"""`janus status`: devices, resident models and their states, pools, replica counts and queue depths."""
+"""`janus status`: devices, resident models and their states, pools, replica counts and queue depths, and which
+copy of each planner leads."""
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,31 @@ async def gather(target: NatsTarget, wait_s: float) -> dict:
             raise ToolConnectError(f"NATS at {target.url} (from {target.source}) accepted the connection but the "
                                    f"registry did not answer within {ATTACH_TIMEOUT_S:g} s (JetStream down?)") from None
         await asyncio.sleep(wait_s)  # at least two heartbeats and one load window
-        return view.snapshot()
+        return {**view.snapshot(), "leaders": await leaders(bus)}
     finally:
         await view.detach()
         await bus.close()
+
+
+async def leaders(bus) -> list[dict]:
+    """Which copy of each planner holds its lease now (planner/leader.py): [{role, holder}], by role; none while no
+    planner has campaigned (no bucket) or every lease has expired."""
+    from contracts import subjects
+
+    try:
+        kv = await asyncio.wait_for(bus.js.key_value(subjects.LEASES_BUCKET), ATTACH_TIMEOUT_S)
+        roles = await asyncio.wait_for(kv.keys(), ATTACH_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - no bucket yet, or no key in it (nats-py raises NoKeysError)
+        return []
+    out = []
+    for role in sorted(roles):
+        try:
+            entry = await asyncio.wait_for(kv.get(role), ATTACH_TIMEOUT_S)
+            holder = json.loads(entry.value or b"{}").get("holder", "?")
+        except Exception:  # noqa: BLE001 - expired between the listing and the read
+            continue
+        out.append({"role": role, "holder": holder})
+    return out
 
 
 def terminal_width_columns() -> int:
@@ -72,6 +94,8 @@ def render(snap: dict, out=None, width_columns: int | None = None) -> None:
                   str(m.get("request_rate_rps", "-")), str(m.get("queue_depth", "-")),
                   "-" if att is None else f"{att:.1%}")
     console.print(t)
+    if snap.get("leaders"):
+        console.print("leaders: " + ", ".join(f"{x['role']} {x['holder']}" for x in snap["leaders"]))
     if snap["plans"]:
         last = snap["plans"][-1]
         console.print(f"last plan: {last['kind']} {last['plan_id']} — {last.get('reason', '')}")

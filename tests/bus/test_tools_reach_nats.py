@@ -123,6 +123,35 @@ async def test_janus_status_finds_nats_in_the_state_dir(up_state_dir):
     assert rc == 0, err
     snap = json.loads(out)
     assert snap["devices"] == [] and snap["instances"] == []  # a server with no cluster on it: nothing, no error
+    assert snap["leaders"] == []  # no planner has campaigned: no lease bucket
+
+
+async def test_janus_status_names_the_leading_copy_of_each_planner(up_state_dir):
+    """Two copies of the elastic scaler campaign with their own NATS user; `janus status` (the operator login) reads
+    the leases bucket and names the one that leads."""
+    from planner.leader import Leadership
+
+    state, nats, creds = up_state_dir
+    campaigns = []
+    for n in range(2):
+        bus = await Bus.connect(nats.url, "elastic-scaler", user="elastic-scaler", password=creds["elastic-scaler"])
+        campaigns.append(Leadership(bus, "elastic-scaler", f"scaler-{n}"))
+        await campaigns[-1].start()
+    try:
+        deadline = time.monotonic() + 10
+        while sum(c.is_leader() for c in campaigns) != 1:
+            assert time.monotonic() < deadline, "no copy took the lease"
+            await asyncio.sleep(0.05)
+        (leader,) = [c for c in campaigns if c.is_leader()]
+        rc, out, err, _ = await _janus("status", "--json", "--wait-s", "0.2", "--state-dir", str(state))
+        assert rc == 0, err
+        assert json.loads(out)["leaders"] == [{"role": "elastic-scaler", "holder": leader.holder}]
+        rc, out, err, _ = await _janus("status", "--wait-s", "0.2", "--state-dir", str(state))
+        assert rc == 0 and f"leaders: elastic-scaler {leader.holder}" in out, out + err
+    finally:
+        for c in campaigns:
+            await c.stop()
+            await c.bus.close()
 
 
 async def test_a_wrong_password_is_one_line_naming_the_login(up_state_dir):
