@@ -1,6 +1,6 @@
 """Token-level SLO attainment and the figures beside it.
 
-Definitions (DESIGN.md §6): token i (1-based) of a request is on time if delivered by
+Definitions (docs/sim.md, "Metrics"): token i (1-based) of a request is on time if delivered by
 TTFT_SLO + (i - 1) * TPOT_SLO after the request's submission; every token of a failed (rejected, dropped) request is
 late. Per request: TTFT attained if the first token came within TTFT_SLO; TPOT attained if the mean time per
 output token after the first is within TPOT_SLO. Goodput: on-time tokens per second."""

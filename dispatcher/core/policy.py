@@ -1,4 +1,4 @@
-"""The dispatcher's knobs: one frozen model with the paper's defaults (DESIGN.md section 3)."""
+"""The dispatcher's knobs: one frozen model with the paper's defaults (docs/dispatcher.md, "Knobs")."""
 from __future__ import annotations
 
 from enum import StrEnum
@@ -47,7 +47,8 @@ class DispatchPolicy(BaseModel):
     defers_rounds_until_near: bool = Field(
         default=True,
         description="requeue with late binding: run a round only when an instance is within lookahead_ms of free or "
-        "a late request turns hopeless (DESIGN.md); before that nothing could be committed, and the arrivals in "
+        "a late request turns hopeless (docs/dispatcher.md); before that nothing could be committed, and the arrivals "
+        "in "
         "between are planned together. Under reject every event still runs a round, so a rejection comes at once. "
         "False: a round on every event",
     )

@@ -1,4 +1,4 @@
-"""Moore-Hodgson and LST-IMH as pure functions over plain numbers (DESIGN.md section 3).
+"""Moore-Hodgson and LST-IMH as pure functions over plain numbers (docs/dispatcher.md, "How a round works").
 
 All times are absolute milliseconds on one clock: an instance's availability T_i, a request's deadline d_j and
 the predicted prefill time p_ij. Request j can be finished on time by instance i when T_i + (work queued before it)

@@ -1,4 +1,4 @@
-"""Three-dimensional bin packing state and the potential Phi (DESIGN.md section 3, steady planner).
+"""Three-dimensional bin packing state and the potential Phi (docs/planner.md, "Steady planner").
 
 Items are models with need vectors (HBM, compute, bandwidth) as fractions of one device; bins are devices with
 capacity 1 in each dimension. Phi(x) = ||x - mean(x)*1||^2 of a bin's *remaining* resources: a bin whose leftovers

@@ -1,4 +1,4 @@
-"""Policy knobs of the planner cores: frozen models with the defaults of DESIGN.md section 3.
+"""Policy knobs of the planner cores: frozen models with the defaults docs/planner.md tabulates ("Defaults and where they come from").
 
 Every knob has a unit in its name or is a plain ratio. No constructor here does I/O; the shells build these from
 settings (JANUS_* environment or a cluster YAML)."""
@@ -112,7 +112,8 @@ class ElasticPolicy(_Policy):
     )
     keepalive_s: float = Field(
         default=60.0, ge=0, description="a model keeps one instance while it has requests running or queued, and "
-        "for this long after its last arrival (DESIGN.md: keep at least one instance for each model with traffic; "
+        "for this long after its last arrival (docs/planner.md, Keep-alive: keep at least one instance for each "
+        "model with traffic; "
         "judged on one load window, a sparse model flaps to zero between its requests and each one meets "
         "NO_INSTANCE)"
     )

@@ -95,7 +95,7 @@ class SystemRun:
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load_path(self, app: int, device_ids: tuple[int, ...], now_s: float) -> tuple[str, float]:
-        """The fastest way to bring `app` onto `device_ids` (DESIGN.md, Lifecycle), then verify:
+        """The fastest way to bring `app` onto `device_ids` (docs/lifecycle.md), then verify:
         - fork from a live replica over the device link;
         - a warm copy from this host's pinned memory;
         - otherwise the quickest of: a cold load from disk; a pull from another host's pinned memory over the

@@ -187,7 +187,7 @@ class SimFleet:
         return ""
 
     def _load_path(self, cmd: LifecycleCommand, app: int, devices: tuple[int, ...]) -> tuple[str, float]:
-        """How long the command takes to make the instance ready, by the way it names (DESIGN.md, Lifecycle), then
+        """How long the command takes to make the instance ready, by the way it names (docs/lifecycle.md), then
         checksums and a canary step. A fork whose source is gone falls back as the worker does: a warm copy of
         its own, else the disk."""
         if self.preloading:
