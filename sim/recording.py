@@ -17,9 +17,9 @@ into a core, in the order it was made:
 - oracle replies are recorded as inputs of the planners ("oracle" lines carry query and reply), so a replay does not
   depend on a fitted model: it answers from the recording in order.
 
-The live services record the same lines (each shell wraps its core with `RecordingDispatcher` /
-`RecordingPlanner` and its oracle client with `RecordingOracle`); `replay` feeds any recording to fresh cores and
-reports every decision that differs."""
+`SystemRun(..., record=True)` records a simulated run. The live services do not record yet: a shell would wrap its
+core with `RecordingDispatcher` / `RecordingPlanner` and its oracle client with `RecordingOracle` (docs/sim.md,
+"Recording and replay"). `replay` feeds any recording to fresh cores and reports every decision that differs."""
 from __future__ import annotations
 
 import dataclasses

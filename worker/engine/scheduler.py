@@ -48,7 +48,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def remove(self, seq: Sequence) -> None:
-        """Take a request out (finished, aborted or held) and free its blocks unless it is held for transfer."""
+        """Take a request out of the waiting or running queue (finished, aborted or held). Its KV blocks stay with
+        it: the engine frees them (engine.py), or keeps them until a P/D hand-over has sent them (pd.py)."""
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING:
