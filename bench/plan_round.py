@@ -48,7 +48,7 @@ def record_rounds(window_s: float, sample: int) -> list[tuple]:
 
     core_module.plan_round = recording
     try:
-        # the clairvoyant oracle, as its figures in docs/benchmarks.md were taken (the GP oracle's tick: bench/oracle.py)
+        # the clairvoyant oracle, as the figures in docs/benchmarks.md were taken (GP ticks: bench/oracle.py)
         run_one(ScenarioSpec(mix="default", window_s=window_s, oracle="clairvoyant"), "janus")
     finally:
         core_module.plan_round = plan_round

@@ -195,9 +195,8 @@ class OracleService(Service):
                         "attainment labels are for the profile's SLOs", path, training_set.ttft_slo_ms,
                         training_set.tpot_slo_ms, spec.name, spec.ttft_slo_ms, spec.tpot_slo_ms)
         self.oracle.add_training_set(training_set)
-        calibrated = calibrated_profile(training_set, *(
-            (spec.ttft_slo_ms, spec.tpot_slo_ms) if spec is not None
-            else (training_set.ttft_slo_ms, training_set.tpot_slo_ms)))
+        slos = spec or training_set  # the cluster's SLOs for a configured model, else the profile's
+        calibrated = calibrated_profile(training_set, slos.ttft_slo_ms, slos.tpot_slo_ms)
         if calibrated is not None:  # the profile's fitted roofline: measured per-token costs (the P/D split)
             self.oracle.register(training_set.model, calibrated)
         self.training_sets_loaded.append(str(path))

@@ -1,5 +1,6 @@
 """One LST-IMH round over a model's global queue: which queued requests go where now, which are rejected or
-relaxed (docs/dispatcher.md, "How a round works"). Pure: jobs, instance availabilities and predicted times in, decisions out.
+relaxed (docs/dispatcher.md, "How a round works"). Pure: jobs, instance availabilities and predicted times in,
+decisions out.
 
 Planning. First the requests that can still be on time: LST-IMH over every routable instance, against deadlines
 moved in by a safety margin (deadline_margin_frac of the TTFT SLO, for prediction error). What no instance can finish

@@ -83,8 +83,8 @@ def calibrated_profile(training_set: TrainingSet, ttft_slo_ms: float, tpot_slo_m
     it measured, all in the training set's meta) as the model's calibrated profile; None for a training set that
     carries no such roofline (one written by hand, or before profiles recorded it)."""
     meta = training_set.meta
-    if not all(isinstance(meta.get(key), dict) for key in ("device", "shape", "efficiency")):
-        return None
+    if tpot_slo_ms <= 0 or not all(isinstance(meta.get(key), dict) for key in ("device", "shape", "efficiency")):
+        return None  # no TPOT SLO (a set written without one): no decode batch to size the ratio at
     try:
         roofline = RooflineModel(DeviceSpec(**meta["device"]), ModelShape(**meta["shape"]), tp=int(meta.get("tp", 1)),
                                  efficiency=Efficiency(**meta["efficiency"]))

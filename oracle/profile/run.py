@@ -235,5 +235,6 @@ def estimate_s(plan: ProfilePlan) -> float:
     return {"quick": 270.0, "full": 540.0}.get(plan.name, 60.0 * math.ceil(plan.num_points / 6))
 
 
-__all__ = ["DEVICE", "FULL", "MAX_PROFILED_REPLICAS", "PLANS", "QUICK", "TELEMETRY_WINDOW_S", "ProfilePlan", "ProfileResult", "estimate_s", "format_duration",
-           "parse_mixes", "partial_path", "profile_checkpoint"]
+__all__ = ["DEVICE", "FULL", "MAX_PROFILED_REPLICAS", "PLANS", "QUICK", "TELEMETRY_WINDOW_S", "ProfilePlan",
+           "ProfileResult", "estimate_s", "format_duration", "parse_mixes", "partial_path", "profile_checkpoint",
+           "widened_replicas"]

@@ -1,4 +1,5 @@
-"""Policy knobs of the planner cores: frozen models with the defaults docs/planner.md tabulates ("Defaults and where they come from").
+"""Policy knobs of the planner cores: frozen models with the defaults docs/planner.md tabulates ("Defaults and where
+they come from").
 
 Every knob has a unit in its name or is a plain ratio. No constructor here does I/O; the shells build these from
 settings (JANUS_* environment or a cluster YAML)."""

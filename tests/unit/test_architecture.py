@@ -1,4 +1,5 @@
-"""The house rules of docs/architecture.md ("Layout and house rules"), enforced: import-linter contracts in .importlinter."""
+"""The house rules of docs/architecture.md ("Layout and house rules"), enforced: import-linter contracts in
+.importlinter."""
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
-"""The core is pure policy: importing it pulls in no bus, web framework, torch or runtime (docs/architecture.md, "Layout and house rules")."""
+"""The core is pure policy: importing it pulls in no bus, web framework, torch or runtime (docs/architecture.md,
+"Layout and house rules")."""
 from __future__ import annotations
 
 import subprocess

@@ -70,5 +70,6 @@ def test_a_training_set_carries_its_fitted_roofline_back_as_a_calibrated_profile
     assert set(roofline_meta(fitted)) <= set(loaded.meta)
     # a training set without a recorded roofline (written by hand) gives none: the scaler keeps its policy's ratio
     assert calibrated_profile(TrainingSet(model="hand"), 1_000.0, 50.0) is None
+    assert calibrated_profile(loaded, 1_000.0, 0.0) is None  # no TPOT SLO: no decode batch to size the ratio at
     broken = TrainingSet(model="bad", meta={**roofline_meta(fitted), "efficiency": {"mfu": 2.0}})
     assert calibrated_profile(broken, 1_000.0, 50.0) is None

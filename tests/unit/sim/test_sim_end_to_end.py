@@ -55,7 +55,7 @@ def test_rejections_are_kept_per_app_with_their_cause():
 @needs_traces
 def test_every_system_runs_the_same_small_scenario():
     spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96,
-                        oracle="clairvoyant")  # the learned one profiles first: tests/unit/sim/test_sim_oracle_training.py
+                        oracle="clairvoyant")  # the learned one profiles first (test_sim_oracle_training.py)
     results = run_many(spec, list(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES), processes=1)
     by_name = {r.system: r for r in results}
     assert set(by_name) == set(SYSTEM_NAMES + EXTRA_SYSTEM_NAMES)
