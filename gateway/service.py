@@ -319,7 +319,7 @@ class GatewayService(Service):
 
     # --- lifecycle ---
     def load_models(self) -> None:
-        from worker.engine.tokenizer import TextTokenizer  # torch-free
+        from runtime.tokenizer import TextTokenizer
 
         for spec in self.cluster.models:
             path = model_dir(spec, self.settings.models_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from worker.engine.tokenizer import TextTokenizer
+from runtime.tokenizer import TextTokenizer
 
 from .cluster import sdk_fixtures
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.json_schemas import ORDER, PERSON
-from worker.engine.tokenizer import TextTokenizer
+from runtime.tokenizer import TextTokenizer
 
 from .cluster import sdk_fixtures
 

@@ -1,7 +1,8 @@
 """The inference engine: the only place that runs model math.
 
-Importing this package does not import torch (the gateway uses the tokenizer only): the tokenizer, the demo
-checkpoints and the engine's plain data types load eagerly, `LLMEngine` and the torch-backed parts on first use.
+Importing this package does not import torch: the demo checkpoints and the engine's plain data types load eagerly,
+`LLMEngine` and the torch-backed parts on first use. The tokenizer the engine and the gateway share is
+`runtime/tokenizer.py` (re-exported here).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 from .config import EngineConfig, ModelConfig
 from .demo import DEMO_MODELS, DemoSpec, make_demo_models
 from .outputs import EngineOutput, EngineStats, StepRecord
-from .tokenizer import IncrementalDetokenizer, TextTokenizer
+from runtime.tokenizer import IncrementalDetokenizer, TextTokenizer
 
 if TYPE_CHECKING:
     from .engine import LLMEngine

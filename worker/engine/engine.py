@@ -21,6 +21,7 @@ from typing import Sequence as Seq
 import torch
 
 from contracts.requests import MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS, SEED_LIMIT, SamplingParams
+from runtime.tokenizer import IncrementalDetokenizer, TextTokenizer
 
 from .block_manager import BlockManager
 from .config import EngineConfig, ModelConfig
@@ -36,7 +37,6 @@ from .sampler import Sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stop import StopStringMatcher
-from .tokenizer import IncrementalDetokenizer, TextTokenizer
 from .choices import ChoicesMixin
 from .pd import PrefillDecodeMixin
 from .verify import CanaryResult, WeightVerificationMixin

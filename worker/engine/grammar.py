@@ -22,7 +22,7 @@ import torch
 from contracts.requests import GuidedDecoding
 
 if TYPE_CHECKING:
-    from .tokenizer import TextTokenizer
+    from runtime.tokenizer import TextTokenizer
 
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept per engine (a compiled grammar is some KB to a few MB)
 

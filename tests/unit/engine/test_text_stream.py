@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.engine.stop import StopStringMatcher
-from worker.engine.tokenizer import IncrementalDetokenizer, TextTokenizer
+from runtime.tokenizer import IncrementalDetokenizer, TextTokenizer
 
 MULTIBYTE_TEXT = "Größe 😀🚀 日本語のテキスト — привет, мир! 🤖✨ naïve café 🎉"
 

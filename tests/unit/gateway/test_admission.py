@@ -12,7 +12,7 @@ from gateway.core.errors import ApiError
 
 @pytest.fixture(scope="module")
 def model(demo_models_dir) -> ServedModel:
-    from worker.engine.tokenizer import TextTokenizer
+    from runtime.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_dir(demo_models_dir / "demo-tiny")
     return ServedModel(name="demo-tiny", max_model_len=64, ttft_slo_ms=500.0, tpot_slo_ms=50.0, tokenizer=tok)

@@ -34,7 +34,7 @@ class Backend(FakeBackend):
 
 @pytest.fixture(scope="module")
 def served(demo_models_dir) -> ServedModel:
-    from worker.engine.tokenizer import TextTokenizer
+    from runtime.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_dir(demo_models_dir / "demo-tiny")
     return ServedModel(name="demo-tiny", max_model_len=256, ttft_slo_ms=500.0, tpot_slo_ms=50.0, tokenizer=tok)

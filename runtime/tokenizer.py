@@ -1,4 +1,5 @@
-"""Text <-> token ids for a local Hugging Face model folder, without torch (the gateway imports this module).
+"""Text <-> token ids for a local Hugging Face model folder, without torch: the gateway tokenises prompts with it and
+the worker's engine detokenises outputs with it (both import it from here, the layer below them).
 
 `TextTokenizer` wraps `tokenizer.json` (the `tokenizers` library) and renders the chat template found in
 `tokenizer_config.json` (or `chat_template.jinja`) with a sandboxed jinja2, as transformers does.
