@@ -1,6 +1,8 @@
-"""Pydantic contracts of every message on the bus and the subject names. No I/O; everything may import it."""
+"""Pydantic contracts of every message on the bus, the subject names, and the few config models two layers share
+(TenantLimits). No I/O; everything may import it."""
 from .base import SCHEMA_VERSION, ErrorCode, ErrorInfo, Message
 from .health import DispatcherHeartbeat, HealthReply
+from .limits import TenantLimits
 from .lifecycle import (
     ForkSource,
     HostCopy,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.core.limits import TenantLimits
+from contracts.limits import TenantLimits
 
 
 class Frozen(BaseModel):

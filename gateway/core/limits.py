@@ -3,17 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class TenantLimits(BaseModel):
-    """None means unlimited."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rate_rps: float | None = Field(default=None, gt=0, description="sustained requests per second")
-    burst: int = Field(default=10, ge=1, description="requests allowed at once above the rate")
-    max_concurrency: int | None = Field(default=None, ge=1, description="requests in flight at once")
+from contracts.limits import TenantLimits
 
 
 @dataclass

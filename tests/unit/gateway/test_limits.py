@@ -3,7 +3,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.limits import TenantLimiter, TenantLimits
+from contracts.limits import TenantLimits
+from gateway.core.limits import TenantLimiter
 
 
 def test_rate_limit_refills_over_time():

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from contracts import ErrorCode, ErrorInfo, RequestDone, RequestFailed, TokenChunk
+from contracts.limits import TenantLimits
 from gateway.app import create_app
 from gateway.core.admission import ServedModel
 from gateway.core.errors import (
@@ -21,7 +22,7 @@ from gateway.core.errors import (
     retry_after_for_model,
     retry_after_header,
 )
-from gateway.core.limits import TenantLimiter, TenantLimits
+from gateway.core.limits import TenantLimiter
 
 
 class _Tokenizer:
