@@ -16,6 +16,7 @@ COPY dispatcher dispatcher
 COPY oracle oracle
 COPY planner planner
 COPY worker worker
+COPY ops ops
 COPY sim sim
 RUN pip install --no-cache-dir ".[cpu]"
 COPY deploy/cluster.docker.yaml /etc/janus/cluster.yaml

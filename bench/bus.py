@@ -63,18 +63,19 @@ async def raw_round_trips(url: str, n: int) -> list[float]:
 
 def spawn(service: str, url: str, config: Path, instance: str, state: Path) -> subprocess.Popen:
     env = dict(os.environ, JANUS_STATE_DIR=str(state), JANUS_LOG_LEVEL="WARNING")
-    return subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", service, "--nats", url, "--config",
+    return subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", service, "--nats", url, "--config",
                              str(config), "--id", instance], env=env)
 
 
 async def path_latencies(url: str, config_path: Path, state: Path, n: int, num_http: int):
     from gateway.service import GatewayService
+    from ops.effective import load_cluster
     from runtime.service import run_service
-    from runtime.settings import JanusSettings, load_cluster_config
+    from runtime.settings import JanusSettings
 
     procs = [spawn("worker", url, config_path, "bench-worker", state),
              spawn("dispatcher", url, config_path, "bench-dispatcher", state)]
-    cluster = load_cluster_config(config_path)
+    cluster = load_cluster(config_path)
     gw = GatewayService(JanusSettings(nats_url=url, instance="bench-gateway", state_dir=state), cluster, port=0)
     task = asyncio.create_task(run_service(gw, install_signals=False))
     try:

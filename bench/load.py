@@ -83,7 +83,7 @@ async def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
-    from runtime.launcher import Cluster
+    from ops.launcher import Cluster
     from runtime.settings import ClusterConfig, JanusSettings
     from worker.engine.demo import make_demo_models
 

@@ -1,6 +1,6 @@
 """Oracle accuracy on held-out profiles and the fast-path tick time, each figure beside a baseline from the same run.
 
-    .venv/bin/python -m oracle.profile --model demo-tiny --out artifacts/oracle/demo-tiny.json     # ~10 min
+    .venv/bin/python -m ops.profile --model demo-tiny --out artifacts/oracle/demo-tiny.json     # ~10 min
     .venv/bin/python bench/oracle.py --profile artifacts/oracle/demo-tiny.json
 
 Accuracy: K-fold cross-validation over the profile's grid points (a point's replicas stay in one fold, so no
@@ -231,7 +231,7 @@ def fit_speed(ts: TrainingSet, seed: int) -> list[tuple[str, float, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", required=True, nargs="+",
-                        help="TrainingSet JSON(s) written by python -m oracle.profile (several: merged)")
+                        help="TrainingSet JSON(s) written by python -m ops.profile (several: merged)")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--k-sigma", type=float, default=2.0, help="calibration band: |error| <= k sigma")
     parser.add_argument("--models", type=int, default=62)

@@ -1,13 +1,11 @@
-"""Where each served model's files are, and generating the demo checkpoints a fresh machine needs."""
+"""Where each served model's files are and how long a context it serves: what the gateway and the worker both read.
+Writing the demo checkpoints is the operator tools' job (ops/demo_models.py)."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
-from .settings import ClusterConfig, ModelSpec
-
-log = logging.getLogger("janus.catalog")
+from .settings import ModelSpec
 
 
 def model_dir(spec: ModelSpec, models_dir: Path) -> Path:
@@ -18,22 +16,6 @@ def model_dir(spec: ModelSpec, models_dir: Path) -> Path:
 
 def is_complete(path: Path) -> bool:
     return (path / "config.json").exists() and (path / "tokenizer.json").exists() and any(path.glob("*.safetensors"))
-
-
-def ensure_demo_models(cluster: ClusterConfig, models_dir: Path) -> dict[str, Path]:
-    """Write the demo checkpoints the config names and that are not on disk yet (nothing is downloaded)."""
-    missing = [m.demo for m in cluster.models if m.demo and not is_complete(model_dir(m, models_dir))]
-    if missing:
-        from worker.engine.demo import make_demo_models  # torch: only when something must be written
-
-        log.info("writing demo checkpoints %s into %s", missing, models_dir)
-        make_demo_models(Path(models_dir), missing)
-    paths = {m.name: model_dir(m, models_dir) for m in cluster.models}
-    for name, path in paths.items():
-        if not is_complete(path):
-            raise SystemExit(f"model {name}: no complete Hugging Face checkpoint at {path} "
-                             "(config.json, tokenizer.json and *.safetensors are needed)")
-    return paths
 
 
 # Longer contexts than this are not served by default on a demo cluster (KV memory); gateway and engine share it.

@@ -1,6 +1,6 @@
 """How often a supervised process may be restarted: a token bucket that refills with the time the process ran.
 
-Pure: time is passed in (seconds, any monotonic clock). The launcher (runtime/launcher.py) keeps one budget per child
+Pure: time is passed in (seconds, any monotonic clock). The launcher (ops/launcher.py) keeps one budget per child
 and per nats-server node.
 
 - Each restart spends one token. With no token left the supervisor gives up on the process (a crash loop).

@@ -1,7 +1,7 @@
 """Settings: a cluster YAML (what runs: models, workers, policies) plus JANUS_* environment overrides.
 
-Policy knobs are frozen models with the paper's defaults; nothing here does I/O (`load_cluster_config` hands the
-file to runtime/effective.py: load_cluster).
+Policy knobs are frozen models with the paper's defaults; nothing here does I/O (the checked loader of a cluster YAML
+is ops/effective.py: load_cluster).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ModelSpec(Frozen):
         return v
 
 
-# the device a worker process opens, set per worker by `janus up` (runtime/launcher.py); `janus serve worker
+# the device a worker process opens, set per worker by `janus up` (ops/launcher.py); `janus serve worker
 # --device` sets it by hand. Unset, a worker opens `workers.device` as written.
 DEVICE_ENV = "JANUS_DEVICE"
 SHAREABLE_DEVICE_KINDS = ("cpu",)  # many workers on one CPU is how the demo runs; an accelerator is one worker's
@@ -175,10 +175,3 @@ class JanusSettings(BaseSettings):
     def models_dir(self) -> Path:
         return self.state_dir / "models"
 
-
-def load_cluster_config(path: Path | None) -> ClusterConfig:
-    """The checked loader (runtime/effective.py: load_cluster): a mistake is a ConfigError of one line naming the
-    YAML path and the offending value."""
-    from .effective import load_cluster
-
-    return load_cluster(path)

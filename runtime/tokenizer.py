@@ -206,7 +206,8 @@ class TextTokenizer:
                 raise TemplateError(message)
 
             # The same environment options transformers uses, so templates written for it render identically.
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = raise_exception
             env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
             self._compiled_template = env.from_string(self._chat_template_source)

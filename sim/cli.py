@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_policy(config: Path | None) -> dict:
     """The policies Janus runs with, in the shape `janus config` prints them: the cluster YAML's, or the defaults
     the live services run with (one source of defaults)."""
-    from runtime.effective import effective_policies, load_cluster
+    from ops.effective import effective_policies, load_cluster
     from runtime.settings import ClusterConfig
 
     return effective_policies(load_cluster(config) if config else ClusterConfig())

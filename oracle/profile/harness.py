@@ -1,7 +1,10 @@
-"""The profiling harness: drive the real engine (worker/engine) with synthetic open-loop load over a grid of rates,
-length mixes and replica counts; measure what each setting used and achieved; write a TrainingSet (JSON).
+"""The profiling harness: drive a model's engines with synthetic open-loop load over a grid of rates, length mixes
+and replica counts; measure what each setting used and achieved; write a TrainingSet (JSON).
 
-Imports torch through the engine: run it as a tool (`python -m oracle.profile`), never from a service core.
+The harness drives engines it is given (`Profiler.new_engine`), never imports one: the worker's engine on this CPU is
+the operator tools' target (ops/profile.py: EngineProfiler, `janus profile`, `python -m ops.profile`), the
+simulator's devices are another (sim/profile_device.py). The oracle stays independent of the worker (the services
+are independent layers: docs/architecture.md, "Layers").
 """
 from __future__ import annotations
 
@@ -205,6 +208,9 @@ def _features(requests: Sequence[SyntheticRequest], duration_s: float) -> LoadFe
 class Profiler:
     """Engines for one model (as many as the largest replica count) and the roofline of that model on this CPU.
 
+    The engines come from `new_engine`, which a target supplies: ops/profile.py's EngineProfiler builds the worker's
+    engine on this CPU (`janus profile`); this class alone has none (the oracle does not import the worker).
+
     What a profile needs of its target, so another target can stand in (the simulator profiles its simulated
     devices this way: sim/profile_device.py): `engines` (EngineLike), `vocab_size`, `max_prompt_len`, `roofline`
     (device datasheet and shape, efficiencies fitted to `calibration`), `settings`, `step_cost`, `model_dir`, the
@@ -223,17 +229,9 @@ class Profiler:
     workload_max_output_len = 512
 
     def __init__(self, model_dir: str | Path, settings: HarnessSettings = HarnessSettings(), max_replicas: int = 4):
-        import torch
-
-        from worker.engine.config import EngineConfig
-        from worker.engine.engine import LLMEngine
-
-        torch.set_num_threads(settings.torch_threads)
         self.settings = settings
         self.model_dir = Path(model_dir)
-        config = EngineConfig(kv_cache_bytes=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
-                              seed=settings.seed)
-        first = LLMEngine(self.model_dir, device="cpu", config=config)
+        first = self.new_engine(settings.kv_cache_bytes)
         hf_config = json.loads((self.model_dir / "config.json").read_text())
         bytes_per_param = first.dtype.itemsize
         self.shape = ModelShape.from_hf_config(hf_config, name=self.model_dir.name, bytes_per_param=bytes_per_param)
@@ -246,10 +244,8 @@ class Profiler:
                 raise ValueError(f"{self.model_dir.name}: {settings.hbm_bytes / MIB:.0f} MiB leaves "
                                  f"{self.kv_cache_bytes / MIB:.0f} MiB beside {weight_bytes / MIB:.0f} MiB of "
                                  "weights, under the 8 MiB of KV a profile needs")
-            config = replace(config, kv_cache_bytes=self.kv_cache_bytes)
-            first = LLMEngine(self.model_dir, device="cpu", config=config)
-        self.engines = [first] + [LLMEngine(self.model_dir, device="cpu", config=config)
-                                  for _ in range(max_replicas - 1)]
+            first = self.new_engine(self.kv_cache_bytes)
+        self.engines = [first] + [self.new_engine(self.kv_cache_bytes) for _ in range(max_replicas - 1)]
         engine = self.engines[0]
         self.vocab_size = engine.model_config.vocab_size
         self.max_prompt_len = engine.max_model_len - 1
@@ -259,8 +255,7 @@ class Profiler:
         if settings.is_speed_corrected:
             from .speed import SpeedProbe
 
-            self.probe = SpeedProbe(LLMEngine(self.model_dir, device="cpu", config=config), self.vocab_size,
-                                    settings.timer)
+            self.probe = SpeedProbe(self.new_engine(self.kv_cache_bytes), self.vocab_size, settings.timer)
             self.probe.calibrate()
         self.step_cost = None
         if settings.clock == "step_cost":
@@ -269,6 +264,14 @@ class Profiler:
         self.calibration = measure_isolated_steps(engine, self.vocab_size, self._timer())
         self.roofline = RooflineModel(uncalibrated.device, self.shape,
                                       efficiency=fit_efficiency(uncalibrated, self.calibration))
+
+    def new_engine(self, kv_cache_bytes: int):
+        """A fresh engine (EngineLike: add_request, step, has_unfinished, `dtype`, `model_config.vocab_size`,
+        `max_model_len`) of the model at `model_dir` with this KV budget, on the device being profiled, set up from
+        `self.settings` (max_num_seqs, seed). The target supplies it."""
+        raise NotImplementedError(f"{type(self).__name__} has no engine to drive: profile a checkpoint with "
+                                  "ops.profile.EngineProfiler (janus profile), or pass profile_checkpoint a "
+                                  "make_profiler that builds one")
 
     def _timer(self) -> Callable[[], float]:
         """The settings' timer, scaled by the probe's speed factor measured now (1 without a probe): differences of

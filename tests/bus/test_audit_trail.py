@@ -128,7 +128,7 @@ async def test_a_three_node_cluster_losing_the_plans_leader_keeps_every_event(tm
     import json
     import time
 
-    from runtime.launcher import nats_cluster
+    from ops.launcher import nats_cluster
     from runtime.security import generate_credentials, write_nats_config
 
     creds = generate_credentials()

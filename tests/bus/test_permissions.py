@@ -124,7 +124,7 @@ async def test_forbidden_subscriptions_are_refused(secured, user, subject):
 
 
 def test_every_service_has_a_user():
-    from runtime.services import SERVICES
+    from ops.services import SERVICES
 
     assert set(SERVICES) <= set(SERVICE_PERMISSIONS)
 

@@ -33,7 +33,7 @@ async def status_cluster(nats_url, demo_models_dir):
 
 async def test_janus_status_json_describes_the_running_cluster(status_cluster, nats_url):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "runtime.cli", "status", "--json", "--nats", nats_url, "--wait-s", "1.5",
+        sys.executable, "-m", "ops.cli", "status", "--json", "--nats", nats_url, "--wait-s", "1.5",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()

@@ -31,7 +31,7 @@ def _env() -> dict[str, str]:
 
 async def _janus(*args: str, timeout_s: float = 60.0) -> tuple[int, str, str, float]:
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "runtime.cli", *args, cwd=REPO, env=_env(),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "ops.cli", *args, cwd=REPO, env=_env(),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)

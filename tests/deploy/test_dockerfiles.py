@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -90,6 +91,16 @@ def test_each_image_installs_the_torch_and_mooncake_build_of_its_kind():
     # the same source trees are copied into both
     copies = [[rest for k, rest in instructions(name) if k == "COPY"] for name in ("Dockerfile", "Dockerfile.cuda")]
     assert copies[0] == copies[1]
+
+
+def test_the_images_copy_and_install_every_package():
+    """Every top-level package (ops/ included) is installed by pyproject.toml and copied into both images."""
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {pattern.rstrip("*") for pattern in include} == packages
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        copied = {rest.split()[0] for k, rest in instructions(name) if k == "COPY"}
+        assert packages <= copied, (name, packages - copied)
 
 
 def test_the_overlays_and_compose_run_the_images_the_makefile_builds():

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from runtime.effective import load_cluster
-from runtime.services import SERVICES
+from ops.effective import load_cluster
+from ops.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

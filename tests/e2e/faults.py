@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
+from ops.launcher import Cluster
 from runtime.client import Outcome, stream_completion, summarise
-from runtime.launcher import Cluster
 from runtime.settings import ClusterConfig, JanusSettings
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from runtime.cli import build_parser
-from runtime.services import SERVICES
+from ops.cli import build_parser
+from ops.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def test_nats_runs_with_the_users_of_janus_nats_config_and_each_service_is_its_o
     is set, NATS loads that nats.conf, and each container logs in as its service's user with its password."""
     import re
 
-    from runtime.cli import main
+    from ops.cli import main
     from runtime.security import compose_password_var, load_or_create_credentials, user_for_service
 
     assert main(["nats-config", "--out", str(tmp_path)]) == 0

@@ -63,7 +63,7 @@ def test_every_route_has_a_json_schema():
 
 
 def test_janus_contracts_prints_every_subject_with_its_schema():
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "contracts", "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "contracts", "--json"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     routes = json.loads(out)
     assert {r["subject"] for r in routes} == {r.subject for r in ROUTES}

@@ -176,14 +176,15 @@ def test_speed_probe_factor_is_quiet_time_over_time_now(engines):
 
 
 def test_profiler_records_the_speed_factor_of_each_point(demo_models_dir):
-    from oracle.profile.harness import HarnessSettings, Profiler
+    from ops.profile import EngineProfiler
+    from oracle.profile.harness import HarnessSettings
 
     point = GridPoint(5.0, MIX, 1)
     measured = dict(duration_s=0.3, drain_s=0.1, clock="thread_cpu")  # the probe corrects measured step times
-    plain = Profiler(demo_models_dir / "demo-tiny", HarnessSettings(**measured), max_replicas=1)
+    plain = EngineProfiler(demo_models_dir / "demo-tiny", HarnessSettings(**measured), max_replicas=1)
     assert plain.probe is None and plain.run_point(point, 0)[2]["speed_factor"] == 1.0
-    corrected = Profiler(demo_models_dir / "demo-tiny",
-                         HarnessSettings(**measured, is_speed_corrected=True), max_replicas=1)
+    corrected = EngineProfiler(demo_models_dir / "demo-tiny",
+                               HarnessSettings(**measured, is_speed_corrected=True), max_replicas=1)
     assert corrected.probe is not None and corrected.probe.reference_s > 0
     factor = corrected.run_point(point, 0)[2]["speed_factor"]
     assert 0.0 < factor <= 1.5 and factor == pytest.approx(corrected.speed_factor, abs=1e-4)

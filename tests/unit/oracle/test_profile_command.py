@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ops.cli import main
 from oracle.core import OraclePolicy, TrainingSet
 from oracle.profile.grid import LengthMix
 from oracle.profile.harness import HarnessSettings, stratified_grid
 from oracle.profile.run import FULL, QUICK, ProfilePlan, format_duration, parse_mixes, partial_path
-from runtime.cli import main
 from runtime.settings import ClusterConfig, JanusSettings, ModelSpec
 
 MIXES = (LengthMix("a", 64, 0.5, 32), LengthMix("b", 512, 1.0, 16))
@@ -74,6 +74,28 @@ def test_the_knee_search_starts_where_a_pilot_has_requests():
     assert asked[0] == MIN_PILOT_REQUESTS / 0.5 == 16
     assert asked[:4] == [16, 32, 64, 128] and 64 < knee < 128
     assert [r["rate_rps"] for r in seen] == asked and len(runs) == 6
+
+
+def test_the_harness_alone_drives_no_engine_and_says_which_target_does(tmp_path):
+    """The oracle's Profiler has no engine of its own (the oracle does not import the worker): built bare, or by
+    profile_checkpoint without make_profiler, it names the target that has one before it measures anything."""
+    from oracle.profile.harness import HarnessSettings, Profiler
+    from oracle.profile.run import profile_checkpoint
+
+    with pytest.raises(NotImplementedError, match=r"ops\.profile\.EngineProfiler"):
+        Profiler(tmp_path, HarnessSettings(), max_replicas=1)
+    with pytest.raises(NotImplementedError, match="make_profiler"):
+        profile_checkpoint(tmp_path, tmp_path / "out.json", plan=TINY_PLAN, show_progress=False, say=lambda _: None)
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_python_m_ops_profile_is_the_hand_entry_point():
+    """What the docs run by hand (`python -m ops.profile`, which replaced `python -m oracle.profile`)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "ops.profile", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "python -m ops.profile --model demo-tiny" in out.stdout and "--clock" in out.stdout
 
 
 def test_small_helpers():
@@ -169,7 +191,7 @@ class Recorder:
 
 
 def test_first_start_profiles_the_demo_models_once_then_starts_at_once(tmp_path, capsys, monkeypatch):
-    from runtime import launcher
+    from ops import launcher
 
     recorder = Recorder()
     monkeypatch.setattr(launcher.subprocess, "run", recorder)
@@ -182,14 +204,14 @@ def test_first_start_profiles_the_demo_models_once_then_starts_at_once(tmp_path,
                             "use learned GPs") and "--no-profile" in first and "JANUS_NO_PROFILE=1" in first
     assert out.splitlines()[-1].startswith("janus: profiled demo-tiny, demo-small in ")
     assert [c[c.index("--model") + 1] for c in recorder.calls] == ["demo-tiny", "demo-small"]
-    assert all(c[:4] == [sys.executable, "-m", "runtime.cli", "profile"] and "--quick" in c for c in recorder.calls)
+    assert all(c[:4] == [sys.executable, "-m", "ops.cli", "profile"] and "--quick" in c for c in recorder.calls)
     # cached: the second start profiles nothing and says nothing
     assert launcher.profile_on_first_start(settings, cluster) == []
     assert capsys.readouterr().out == "" and len(recorder.calls) == 2
 
 
 def test_first_start_profiles_only_what_is_missing_and_survives_a_failure(tmp_path, capsys, monkeypatch):
-    from runtime import launcher
+    from ops import launcher
 
     (tmp_path / "oracle").mkdir()
     TrainingSet(model="demo-tiny").save(tmp_path / "oracle" / "demo-tiny.json")
@@ -211,8 +233,7 @@ def test_first_start_profiles_only_what_is_missing_and_survives_a_failure(tmp_pa
 
 
 def test_no_profile_and_its_environment_variable_skip_it(monkeypatch):
-    from runtime import launcher
-
+    from ops import launcher
     from runtime import service
 
     seen = []

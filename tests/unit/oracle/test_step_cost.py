@@ -96,14 +96,15 @@ def test_a_step_cost_clock_makes_the_replay_independent_of_the_machines_speed(en
 
 
 def test_profiler_with_the_step_cost_clock_records_the_fit_and_the_drift(demo_models_dir):
-    from oracle.profile.harness import HarnessSettings, Profiler
+    from ops.profile import EngineProfiler
+    from oracle.profile.harness import HarnessSettings
 
     with pytest.raises(ValueError, match="speed probe"):
         HarnessSettings(clock="step_cost", is_speed_corrected=True)
     with pytest.raises(ValueError, match="one of"):
         HarnessSettings(clock="sundial")
-    profiler = Profiler(demo_models_dir / "demo-tiny", HarnessSettings(duration_s=0.3, drain_s=0.1,
-                                                                       clock="step_cost"), max_replicas=1)
+    profiler = EngineProfiler(demo_models_dir / "demo-tiny", HarnessSettings(duration_s=0.3, drain_s=0.1,
+                                                                             clock="step_cost"), max_replicas=1)
     cost = profiler.step_cost
     assert cost is not None and cost.coef[0] > 0 and sum(cost.coef[1:]) > 0
     assert cost.fit_median_error < 0.5

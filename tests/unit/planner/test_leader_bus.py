@@ -172,7 +172,7 @@ async def test_two_copies_of_each_planner_exactly_one_acts(nats_url, bus_factory
 def _serve(service: str, instance: str, nats_url: str, config: Path, state_dir: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JANUS_NATS_")}
     log = open(state_dir / f"{instance}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", service, "--nats", nats_url, "--id",
+    return subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", service, "--nats", nats_url, "--id",
                              instance, "--config", str(config), "--state-dir", str(state_dir)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -25,7 +25,7 @@ def test_secret_files_are_private_even_when_an_older_one_was_not(tmp_path):
 
 
 def test_janus_up_writes_the_effective_config_with_its_api_keys_private(tmp_path):
-    from runtime.launcher import Cluster
+    from ops.launcher import Cluster
     from runtime.settings import ClusterConfig, JanusSettings
 
     cluster = ClusterConfig.model_validate({"gateway": {"api_keys": {"sk-very-secret": "tenant-a"}}})

@@ -10,7 +10,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from runtime.cli import main
+from ops.cli import main
 from runtime.trace_file import FileSpanExporter, file_exporter_from_env, read_trace, trace_files
 from runtime.trace_view import ordered, parse_trace_id, waterfall
 

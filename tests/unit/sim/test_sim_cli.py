@@ -30,7 +30,7 @@ def test_cli_writes_summary_and_figure(tmp_path, capsys):
     assert worst and all(set(w) >= {"name", "model", "num_requests", "token_attainment", "rejected"} for w in worst)
     assert [w["token_attainment"] for w in worst] == sorted(w["token_attainment"] for w in worst)
     # one source of defaults: what the simulated Janus ran with is what `janus config` says the services run with
-    from runtime.effective import effective_policies
+    from ops.effective import effective_policies
     from runtime.settings import ClusterConfig
 
     assert summary["meta"]["policy"] == effective_policies(ClusterConfig())

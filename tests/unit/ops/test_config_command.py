@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core.policy import DispatchPolicy
+from ops.cli import main
+from ops.effective import ConfigError, effective_config, effective_policies, load_cluster
 from planner.core.policy import PlannerPolicy
-from runtime.cli import main
-from runtime.effective import ConfigError, effective_config, effective_policies, load_cluster
 from runtime.settings import ClusterConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -81,7 +81,7 @@ def test_effective_policies_of_the_defaults_expand_every_knob():
 
 def test_importing_the_module_loads_no_service_package():
     services = ("planner", "dispatcher", "worker", "oracle", "sim")
-    code = ("import sys, runtime.effective, runtime.cli; "
+    code = ("import sys, ops.effective, ops.cli; "
             f"bad = [m for m in sys.modules if m.split('.')[0] in {services!r}]; assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,5 +1,5 @@
-"""Config mistakes found when the cluster config is loaded, before any process starts (runtime/preflight.py,
-runtime/effective.py): one line with the YAML path and the offending value, exit 2, no traceback. The checkpoints
+"""Config mistakes found when the cluster config is loaded, before any process starts (ops/preflight.py,
+ops/effective.py): one line with the YAML path and the offending value, exit 2, no traceback. The checkpoints
 here are real Hugging Face folders (config.json, tokenizer.json, a safetensors file written by `safetensors`),
 small enough to write in milliseconds."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from runtime.effective import ConfigError, load_cluster
-from runtime.preflight import check_checkpoints
+from ops.effective import ConfigError, load_cluster
+from ops.preflight import check_checkpoints
 from runtime.settings import ClusterConfig
 
 REPO = Path(__file__).resolve().parents[3]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.effective import ConfigError, load_cluster
-from runtime.launcher import Cluster, worker_devices
+from ops.effective import ConfigError, load_cluster
+from ops.launcher import Cluster, worker_devices
 from runtime.settings import DEVICE_ENV, JanusSettings, WorkersSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,7 +26,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def _up(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("JANUS_CONFIG", "JANUS_TRANSFER_HOST")}
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "up", "--state-dir", str(tmp_path / "state"), *args],
+    return subprocess.run([sys.executable, "-m", "ops.cli", "up", "--state-dir", str(tmp_path / "state"), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
 
 

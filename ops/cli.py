@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .settings import DEVICE_ENV, JanusSettings
+from runtime.settings import DEVICE_ENV, JanusSettings
 
 # Commands whose implementation lives with its package: name -> "module:function(argv) -> int"
 DELEGATED = {
@@ -33,11 +33,11 @@ def _settings(args: argparse.Namespace) -> JanusSettings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .service import configure_logging, run_service
-    from .services import load_service_class
+    from runtime.service import configure_logging, run_service
 
     from .effective import load_cluster
     from .preflight import check_checkpoints
+    from .services import load_service_class
 
     settings = _settings(args)
     cluster = load_cluster(settings.config)  # a mistake: one line naming the YAML path, exit 2 (main)
@@ -57,10 +57,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from runtime.service import configure_logging
+
     from .effective import load_cluster
     from .launcher import dry_run_lines, is_profiling_skipped, profile_on_first_start, run_up, worker_devices
     from .preflight import check_checkpoints
-    from .service import configure_logging
 
     settings = _settings(args)
     configure_logging("WARNING")
@@ -98,7 +99,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     spec, model_dir = profile_target(cluster, args.model, settings.models_dir)  # ConfigError: one line, exit 2
     out = Path(args.out) if args.out else training_set_path(settings.state_dir, spec.name)
 
-    from oracle.profile.run import FULL, QUICK, estimate_s, format_duration, partial_path, profile_checkpoint
+    from oracle.profile.run import FULL, QUICK, estimate_s, format_duration, partial_path
+
+    from .profile import profile_engine
 
     plan = QUICK if args.quick else FULL
     ttft = args.ttft_slo_ms or plan.harness_settings().ttft_slo_ms
@@ -114,9 +117,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"TPOT {tpot:g} ms of engine time (the cluster config says {spec.ttft_slo_ms:g} / {spec.tpot_slo_ms:g} ms)",
           flush=True)
     try:
-        result = profile_checkpoint(model_dir, out, model=spec.name, plan=plan, settings=settings_,
-                                    extra_meta={"command": "janus profile", "configured_slo_ms":
-                                                {"ttft": spec.ttft_slo_ms, "tpot": spec.tpot_slo_ms}})
+        result = profile_engine(model_dir, out, model=spec.name, plan=plan, settings=settings_,
+                                extra_meta={"command": "janus profile", "configured_slo_ms":
+                                            {"ttft": spec.ttft_slo_ms, "tpot": spec.tpot_slo_ms}})
     except KeyboardInterrupt:
         print(f"\njanus profile: interrupted; {out} not written (what was measured is in {partial_path(out)})",
               file=sys.stderr, flush=True)
@@ -177,7 +180,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_nats_config(args: argparse.Namespace) -> int:
-    from .security import load_or_create_credentials, write_compose_env, write_nats_config, write_password_env
+    from runtime.security import load_or_create_credentials, write_compose_env, write_nats_config, write_password_env
 
     out = Path(args.out)
     creds = load_or_create_credentials(out / "credentials.json")  # kept: a second run rewrites the same passwords
@@ -196,8 +199,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     """`janus trace ID`: the request's spans, from the files `janus up`'s services write (runtime/trace_file.py)."""
     import shutil
 
-    from .trace_file import TRACE_DIR_ENV, read_trace
-    from .trace_view import parse_trace_id, waterfall
+    from runtime.trace_file import TRACE_DIR_ENV, read_trace
+    from runtime.trace_view import parse_trace_id, waterfall
 
     try:
         trace_id = parse_trace_id(args.trace_id)

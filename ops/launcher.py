@@ -24,15 +24,15 @@ from pathlib import Path
 import yaml
 
 from contracts import HealthReply, subjects
+from runtime.bus import Bus
+from runtime.nats_server import EmbeddedNats, NatsServerError
+from runtime.restart_budget import RestartBudget, RestartPolicy
+from runtime.security import load_or_create_credentials, user_for_service, write_nats_config, write_private
+from runtime.settings import DEVICE_ENV, ClusterConfig, JanusSettings, ModelSpec, shared_accelerators
+from runtime.trace_file import TRACE_DIR_ENV
 
-from .bus import Bus
-from .catalog import ensure_demo_models
-from .trace_file import TRACE_DIR_ENV
-from .nats_server import EmbeddedNats, NatsServerError
-from .restart_budget import RestartBudget, RestartPolicy
-from .security import load_or_create_credentials, user_for_service, write_nats_config, write_private
+from .demo_models import ensure_demo_models
 from .services import available_services
-from .settings import DEVICE_ENV, ClusterConfig, JanusSettings, ModelSpec, shared_accelerators
 
 log = logging.getLogger("janus.up")
 
@@ -122,7 +122,7 @@ class Cluster:
         self.gateway_url: str | None = None
 
     def _serve_args(self, service: str, instance: str, extra: list[str] | None = None) -> list[str]:
-        args = [sys.executable, "-m", "runtime.cli", "serve", service, "--nats", self.nats_url, "--id", instance]
+        args = [sys.executable, "-m", "ops.cli", "serve", service, "--nats", self.nats_url, "--id", instance]
         return args + ["--config", str(self.config_path)] + (extra or [])
 
     def plan_children(self) -> list[Child]:
@@ -366,9 +366,9 @@ def profile_target(cluster: ClusterConfig, name: str, models_dir: Path) -> tuple
     """The model `janus profile --model NAME` measures and its checkpoint folder (a demo one is written if
     missing): the cluster config's model of that name, else the demo model of that name. Anything else is a
     ConfigError whose message is one line listing the models it could be."""
+    from runtime.catalog import is_complete, model_dir
     from worker.engine.demo import DEMO_MODELS
 
-    from .catalog import is_complete, model_dir
     from .effective import ConfigError
 
     spec = cluster.model(name)
@@ -414,7 +414,7 @@ def profile_on_first_start(settings: JanusSettings, cluster: ClusterConfig) -> l
     started = time.monotonic()
     done = []
     for name in missing:
-        cmd = [sys.executable, "-m", "runtime.cli", "profile", "--model", name, "--quick", "--state-dir",
+        cmd = [sys.executable, "-m", "ops.cli", "profile", "--model", name, "--quick", "--state-dir",
                str(state_dir)]
         if settings.config is not None:
             cmd += ["--config", str(settings.config)]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 
-from runtime.launcher import Child, Cluster
+from ops.launcher import Child, Cluster
 from runtime.restart_budget import RestartBudget, RestartPolicy
 from runtime.settings import ClusterConfig, JanusSettings
 

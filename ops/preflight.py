@@ -12,9 +12,10 @@ import json
 import struct
 from pathlib import Path
 
-from .catalog import model_dir
+from runtime.catalog import model_dir
+from runtime.settings import ClusterConfig, ModelSpec
+
 from .effective import ConfigError
-from .settings import ClusterConfig, ModelSpec
 
 # The engine's dtype per device (worker/engine/engine.py: _resolve_dtype): float32 on CPU, bfloat16 on CUDA.
 BYTES_PER_ELEMENT = {"cpu": 4}

@@ -1,8 +1,12 @@
-"""python -m oracle.profile: profile a demo (or any local Qwen2/Llama) checkpoint on this CPU.
+"""Profiling the worker's engine on this CPU: the oracle's training set of a checkpoint (docs/oracle.md).
 
-    python -m oracle.profile --model demo-tiny --out artifacts/oracle/demo-tiny.json
-    python -m oracle.profile --model demo-tiny --quick --out /tmp/demo-tiny.json     # the quick plan (run.py)
-    python -m oracle.profile --model-dir path/to/checkpoint --points-per-cell 4 --replicas 1 2 --seed 1
+`EngineProfiler` is the harness's Profiler (oracle/profile/harness.py) over the worker's engine (worker/engine): it
+lives here, above both, because the oracle and the worker are independent services (docs/architecture.md,
+"Layers"); `janus profile --model NAME` and `janus up`'s first start profile through it. Run by hand:
+
+    python -m ops.profile --model demo-tiny --out artifacts/oracle/demo-tiny.json
+    python -m ops.profile --model demo-tiny --quick --out /tmp/demo-tiny.json     # the quick plan (run.py)
+    python -m ops.profile --model-dir path/to/checkpoint --points-per-cell 4 --replicas 1 2 --seed 1
 
 `janus profile --model NAME` does the same for a model of the cluster config, into <state_dir>/oracle/NAME.json.
 """
@@ -13,8 +17,34 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from .harness import CLOCKS, HarnessSettings
-from .run import FULL, QUICK, parse_mixes, profile_checkpoint
+from oracle.profile.harness import CLOCKS, HarnessSettings, Profiler
+from oracle.profile.run import FULL, QUICK, ProfileResult, parse_mixes, profile_checkpoint
+
+
+class EngineProfiler(Profiler):
+    """The harness's Profiler over `max_replicas` of the worker's engines for the checkpoint at `model_dir`, on
+    this CPU (one torch thread each by default: steadier timings on a shared machine)."""
+
+    def __init__(self, model_dir: str | Path, settings: HarnessSettings = HarnessSettings(), max_replicas: int = 4):
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+        super().__init__(model_dir, settings, max_replicas=max_replicas)
+
+    def new_engine(self, kv_cache_bytes: int):
+        from worker.engine.config import EngineConfig
+        from worker.engine.engine import LLMEngine
+
+        config = EngineConfig(kv_cache_bytes=kv_cache_bytes, max_num_seqs=self.settings.max_num_seqs,
+                              seed=self.settings.seed)
+        return LLMEngine(self.model_dir, device="cpu", config=config)
+
+
+def profile_engine(model_dir: str | Path, out_path: str | Path, **kwargs) -> ProfileResult:
+    """`profile_checkpoint` (oracle/profile/run.py: knee search, grid, training set) on the worker's engine on this
+    CPU; `kwargs` are profile_checkpoint's (model, plan, settings, extra_meta, ...)."""
+    return profile_checkpoint(model_dir, out_path, **kwargs,
+                              make_profiler=lambda settings, n: EngineProfiler(model_dir, settings, max_replicas=n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                                      tpot_slo_ms=args.tpot_slo_ms, clock=args.clock, seed=args.seed,
                                      is_speed_corrected=args.speed_probe, max_num_seqs=args.max_num_seqs,
                                      hbm_bytes=args.hbm_mib << 20 if args.hbm_mib else None)
-    result = profile_checkpoint(model_dir, args.out, model=model_dir.name, plan=plan, settings=settings)
+    result = profile_engine(model_dir, args.out, model=model_dir.name, plan=plan, settings=settings)
     print(result.summary())
     return 0
 

@@ -5,12 +5,12 @@ services do (`PlannerPolicy(**cluster.planner)`, `DispatchPolicy(**cluster.dispa
 dicts, defaults included. `janus config` prints it; the simulator records the same dict for the policies it ran with,
 so a live cluster and a simulated one can be compared knob by knob.
 
-Why here: the function needs both policy classes, and it must be callable from the CLI (runtime) and from the
-simulator (above the services). It cannot live in `planner/` or `dispatcher/` (neither service may import the
-other), nor in a core (cores import no runtime, and `ClusterConfig` is runtime's). `runtime/` owns `ClusterConfig`
-and already leans on a pure core (`settings.py` uses `gateway.core.limits`); the cores never import runtime, so
-there is no cycle. The policy classes are imported inside the function bodies, as `runtime/cli.py` imports services,
-so importing `runtime` never loads a service package (nor the planner core's packing and MILP modules).
+Why here: the function needs both policy classes, and it must be callable from the CLI and from the simulator. It
+cannot live in `planner/` or `dispatcher/` (the services are independent: neither may import the other), nor in
+`runtime/` (the library every service imports sits below them). `ops/` sits above the services and below the
+simulator (docs/architecture.md, "Layers"), so both callers reach it with arrows pointing down. The policy classes are
+imported inside the function bodies, as `ops/cli.py` imports services, so importing `ops.effective` never loads a
+service package (nor the planner core's packing and MILP modules).
 
 `load_cluster` is the checked loader: every mistake in the YAML (missing file, bad YAML, a value out of range, an
 unknown key, in the cluster or in a policy) is a `ConfigError` whose message is one line naming the file and the
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .settings import ClusterConfig
+from runtime.settings import ClusterConfig
 
 __all__ = ["ConfigError", "effective_config", "effective_policies", "load_cluster"]
 
