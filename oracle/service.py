@@ -2,10 +2,10 @@
 
 In: CapacityQuery / ElasticityQuery (request/reply, queue group `oracles`), model load windows (online learning),
 worker heartbeats (how many replicas each model has, to label the windows). Out: the replies. Refits run in a
-background thread (BackgroundRefitter); the handlers only read the current predictors, so a refit never delays a
-reply. Training sets (TrainingSet JSON) are loaded at start: those named in the cluster config
-(`oracle.training_sets`) and `<state_dir>/oracle/<model>.json` for each configured model (what `janus profile`
-writes).
+background thread (oracle/refit.py: BackgroundRefitter, sharing the core through SharedOracle); the handlers only
+read the current predictors, so a refit never delays a reply. Training sets (TrainingSet JSON) are loaded at start:
+those named in the cluster config (`oracle.training_sets`) and `<state_dir>/oracle/<model>.json` for each configured
+model (what `janus profile` writes).
 
 The oracle reports itself on /metrics (oracle/metrics.py): per model and GP kind, where answers come from, training
 points, fits and their age (oracle.core.fitlog); per model, the rolling error of its attainment predictions against
@@ -41,13 +41,14 @@ from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
 from . import metrics
-from .core import ModelProfile, Oracle, OraclePolicy, TrainingSet, UnknownModelError, calibrated_profile
+from .core import ModelProfile, OraclePolicy, TrainingSet, UnknownModelError, calibrated_profile
 from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
 from .core.fitlog import FitLog
-from .core.refit import BackgroundRefitter
+from .cpu_device import calibrate_cpu
 from .gp import gp_oracle
+from .refit import BackgroundRefitter, SharedOracle
 from .roofline import Efficiency, RooflineModel
-from .specs import DeviceSpec, ModelShape, calibrate_cpu, h200
+from .specs import DeviceSpec, ModelShape, h200
 
 log = logging.getLogger("janus.oracle")
 
@@ -65,7 +66,7 @@ class _RecordedRefits:
     """What BackgroundRefitter calls on the oracle, with each fit's outcome recorded per model and kind (the
     refitter itself counts only totals)."""
 
-    def __init__(self, oracle: Oracle, service: "OracleService") -> None:
+    def __init__(self, oracle: SharedOracle, service: "OracleService") -> None:
         self.oracle = oracle
         self.service = service
 
@@ -87,7 +88,8 @@ class OracleService(Service):
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
         super().__init__(settings, cluster)
-        self.oracle = gp_oracle(policy=_policy_from(cluster.oracle))
+        self.oracle = gp_oracle(policy=_policy_from(cluster.oracle))  # predictions read it directly
+        self.shared = SharedOracle(self.oracle)  # samples and refits: shared with the refit thread, under a lock
         self.refitter: BackgroundRefitter | None = None
         self._replicas: dict[str, dict[str, int]] = {}  # worker -> model -> serving instances
         self.num_queries = 0
@@ -101,7 +103,7 @@ class OracleService(Service):
     async def start(self, bus: Bus) -> None:
         await asyncio.to_thread(self._load_profiles)
         self._observe_status()
-        self.refitter = BackgroundRefitter(_RecordedRefits(self.oracle, self), clock=time.monotonic,  # type: ignore
+        self.refitter = BackgroundRefitter(_RecordedRefits(self.shared, self), clock=time.monotonic,
                                            on_refit=self._on_refit)
         self.refitter.start()
         await bus.serve(subjects.ORACLE_CAPACITY, CapacityQuery, self._on_capacity, queue=subjects.ORACLE_QUEUE)
@@ -194,7 +196,7 @@ class OracleService(Service):
             log.warning("oracle: %s was measured against SLOs %g/%g ms, the cluster serves %s at %g/%g ms: its "
                         "attainment labels are for the profile's SLOs", path, training_set.ttft_slo_ms,
                         training_set.tpot_slo_ms, spec.name, spec.ttft_slo_ms, spec.tpot_slo_ms)
-        self.oracle.add_training_set(training_set)
+        self.shared.add_training_set(training_set)
         slos = spec or training_set  # the cluster's SLOs for a configured model, else the profile's
         calibrated = calibrated_profile(training_set, slos.ttft_slo_ms, slos.tpot_slo_ms)
         if calibrated is not None:  # the profile's fitted roofline: measured per-token costs (the P/D split)
@@ -257,7 +259,7 @@ class OracleService(Service):
             summary = self.drift.summary(window.model)
             if summary is not None:
                 metrics.observe_score(score, summary)
-        if self.oracle.observe(window, num_replicas):
+        if self.shared.observe(window, num_replicas):
             self.num_windows_learnt += 1
             self._observe_status()  # samples held
             if self.refitter is not None:

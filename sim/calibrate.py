@@ -4,7 +4,7 @@ this machine.
 The engine (worker/engine LLMEngine) runs a demo checkpoint on this CPU, torch on one thread; we time isolated
 prefill steps over a range of prompt lengths and decode steps over a range of batch sizes by the CPU time of the
 thread that runs them (wall time on a CPU shared with other work measures the others too). The device is this CPU
-as `oracle.specs.calibrate_cpu` measures it; the roofline's efficiencies
+as `oracle.cpu_device.calibrate_cpu` measures it; the roofline's efficiencies
 (mfu, mbu, per-step overhead) are fitted by `oracle.profile.calibrate.fit_efficiency` on half of the points and the
 error is reported on the other half, so the figure is a prediction error, not a fit residual.
 
@@ -152,9 +152,10 @@ def engine_like_cpu(base, matmul_dim: int = 512, copy_bytes: int = 64 * 2**20, r
 
 def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -> Calibration:
     """Fit the efficiencies on every other point of each kind, predict the rest with the simulator's StepCost."""
+    from oracle.cpu_device import calibrate_cpu
     from oracle.profile.calibrate import StepSample, fit_efficiency
     from oracle.roofline import Efficiency, RooflineModel
-    from oracle.specs import ModelShape, calibrate_cpu
+    from oracle.specs import ModelShape
 
     from .costmodel import StepCost
 

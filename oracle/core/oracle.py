@@ -1,7 +1,8 @@
 """The Oracle: batched Capacity and Elasticity answers per model, from fitted GPs or, where a model has none yet,
-from its roofline model; learns online from samples and refits on request (oracle/core/refit.py runs refits in a
-background thread). Pure: no I/O, no clock (times are passed in), no torch (training is injected, default
-oracle.gp, imported only when a refit runs).
+from its roofline model; learns online from samples and refits on request. Pure: no I/O, no clock (times are passed
+in), no threads and no lock (a service that refits in a background thread shares the Oracle through
+oracle/refit.py: SharedOracle, which holds the lock), no torch (training is injected, default oracle.gp, imported
+only when a refit runs).
 
 Predictions read the current predictor of a model through one dict lookup; a refit builds a new predictor off to
 the side and swaps it in with one assignment, so predictions never wait for a refit.
@@ -9,7 +10,6 @@ the side and swaps it in with one assignment, so predictions never wait for a re
 from __future__ import annotations
 
 import math
-import threading
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Callable, Literal, Sequence
@@ -105,7 +105,6 @@ class Oracle:
         self._elasticity_samples: dict[str, list[ElasticitySample]] = defaultdict(list)
         self._num_fitted: dict[tuple[str, Kind], int] = {}
         self._last_refit_s: dict[tuple[str, Kind], float] = {}
-        self._lock = threading.Lock()  # guards the sample lists and the refit bookkeeping, never a prediction
         self._grid_cache: dict[tuple, tuple[tuple[float, ...], ...]] = {}
         self._stack_cache: tuple[tuple, StackedElasticity] | None = None
         self._ratio_cache: dict[tuple, float | None] = {}
@@ -290,17 +289,15 @@ class Oracle:
 
     # --- learning --------------------------------------------------------------------------------------------
     def add_training_set(self, training_set: TrainingSet) -> None:
-        with self._lock:
-            self._capacity_samples[training_set.model].extend(training_set.capacity)
-            self._elasticity_samples[training_set.model].extend(training_set.elasticity)
+        self._capacity_samples[training_set.model].extend(training_set.capacity)
+        self._elasticity_samples[training_set.model].extend(training_set.elasticity)
 
     def add_samples(self, model: str, capacity: Sequence[CapacitySample] = (),
                     elasticity: Sequence[ElasticitySample] = ()) -> None:
-        with self._lock:
-            self._capacity_samples[model].extend(capacity)
-            self._elasticity_samples[model].extend(elasticity)
-            for samples in (self._capacity_samples[model], self._elasticity_samples[model]):
-                _trim(samples, self.policy.max_samples_per_model)
+        self._capacity_samples[model].extend(capacity)
+        self._elasticity_samples[model].extend(elasticity)
+        for samples in (self._capacity_samples[model], self._elasticity_samples[model]):
+            _trim(samples, self.policy.max_samples_per_model)
 
     def observe(self, window: ModelLoadWindow, num_replicas: int, attainment: float | None = None,
                 needs_per_replica: NeedVector | None = None) -> bool:
@@ -325,22 +322,20 @@ class Oracle:
         return True
 
     def num_samples(self, model: str) -> dict[str, int]:
-        with self._lock:
-            return {"capacity": len(self._capacity_samples.get(model, ())),
-                    "elasticity": len(self._elasticity_samples.get(model, ()))}
+        return {"capacity": len(self._capacity_samples.get(model, ())),
+                "elasticity": len(self._elasticity_samples.get(model, ()))}
 
     def due_for_refit(self, now_s: float) -> list[tuple[str, Kind]]:
         """(model, kind) pairs with enough unseen samples whose last refit is old enough."""
         due: list[tuple[str, Kind]] = []
-        with self._lock:
-            for kind, table in (("capacity", self._capacity_samples), ("elasticity", self._elasticity_samples)):
-                for model, samples in table.items():
-                    key = (model, kind)
-                    is_new_enough = len(samples) - self._num_fitted.get(key, 0) >= self.policy.refit_min_new_samples
-                    last = self._last_refit_s.get(key)
-                    if is_new_enough and len(samples) >= 3 and (
-                            last is None or now_s - last >= self.policy.refit_min_interval_s):
-                        due.append(key)  # type: ignore[arg-type]
+        for kind, table in (("capacity", self._capacity_samples), ("elasticity", self._elasticity_samples)):
+            for model, samples in table.items():
+                key = (model, kind)
+                is_new_enough = len(samples) - self._num_fitted.get(key, 0) >= self.policy.refit_min_new_samples
+                last = self._last_refit_s.get(key)
+                if is_new_enough and len(samples) >= 3 and (
+                        last is None or now_s - last >= self.policy.refit_min_interval_s):
+                    due.append(key)  # type: ignore[arg-type]
         return due
 
     @staticmethod
@@ -351,11 +346,23 @@ class Oracle:
         return trainer
 
     def refit(self, model: str, kind: Kind, now_s: float) -> str:
-        """Train on a snapshot of the model's samples (outside any lock) and swap the result in. Returns the new
-        version. Runs for seconds: call it from a background thread (BackgroundRefitter) in a service."""
-        with self._lock:
-            samples = list((self._capacity_samples if kind == "capacity" else self._elasticity_samples)[model])
-            self._last_refit_s[(model, kind)] = now_s
+        """Train on the model's samples and swap the result in; returns the new version. The three steps in one
+        call, for a single thread (tests, benches); a service refits in a background thread through
+        oracle/refit.py (SharedOracle: the first and last step under its lock, the training outside it)."""
+        samples = self.refit_samples(model, kind, now_s)
+        version = self.fit(model, kind, samples)
+        self.fitted(model, kind, len(samples))
+        return version
+
+    def refit_samples(self, model: str, kind: Kind, now_s: float) -> list:
+        """A refit's first step: a snapshot of the model's samples of `kind`, and the refit stamped at `now_s`."""
+        samples = list((self._capacity_samples if kind == "capacity" else self._elasticity_samples)[model])
+        self._last_refit_s[(model, kind)] = now_s
+        return samples
+
+    def fit(self, model: str, kind: Kind, samples: Sequence) -> str:
+        """A refit's second step: train on `samples` (seconds; reads no sample list) and swap the predictor in with
+        one assignment, so predictions never wait for it. Returns the new version."""
         if len(samples) < 3:
             raise ValueError(f"{model}: {len(samples)} {kind} samples, a GP needs at least 3")
         if kind == "capacity":
@@ -366,10 +373,12 @@ class Oracle:
             trainer = self._require(self._elasticity_trainer, "elasticity")
             predictor = trainer(samples, self.policy)
             self.install(model, elasticity=predictor)
-        with self._lock:
-            self._num_fitted[(model, kind)] = len(samples)
         return predictor.version
 
+    def fitted(self, model: str, kind: Kind, num_samples: int) -> None:
+        """A refit's last step: the number of samples the new predictor learnt from (due_for_refit waits for
+        `refit_min_new_samples` more)."""
+        self._num_fitted[(model, kind)] = num_samples
 
 def _bucket(length: float) -> int:
     return int(round(math.log1p(max(length, 0.0)) / RATIO_LENGTH_BUCKET))

@@ -21,8 +21,9 @@ from contracts import LoadFeatures, SamplingParams
 
 from ..core.dataset import CapacitySample, ElasticitySample, TrainingSet
 from ..core.oracle import roofline_meta
+from ..cpu_device import calibrate_cpu
 from ..roofline import Efficiency, RooflineModel
-from ..specs import DeviceSpec, ModelShape, calibrate_cpu
+from ..specs import DeviceSpec, ModelShape
 from .calibrate import StepSample, fit_efficiency
 from .grid import GridPoint, LengthMix
 from .measure import attainment, replica_needs

@@ -14,10 +14,10 @@ from contracts import ModelLoadWindow
 from oracle.core import Oracle, OraclePolicy
 from oracle.core.drift import DriftTracker, WindowScore
 from oracle.core.fitlog import FitLog, fitted_points, source_of
-from oracle.core.refit import BackgroundRefitter
 from oracle.gp import gp_oracle
 from oracle.profile.grid import GridPoint, LengthMix, load_grid
 from oracle.profile.synthetic import roofline_training_set
+from oracle.refit import BackgroundRefitter
 
 REPO = Path(__file__).resolve().parents[3]
 TTFT_SLO_MS, TPOT_SLO_MS = 300.0, 20.0  # the `profile` fixture's (conftest.py)

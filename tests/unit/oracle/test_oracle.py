@@ -10,8 +10,8 @@ from contracts import (CapacityItem, CapacityQuery, ElasticityItem, ElasticityQu
                        NeedVector)
 from oracle.core import Oracle, OraclePolicy, TrainingSet, UnknownModelError
 from oracle.core.dataset import ElasticitySample
-from oracle.core.refit import BackgroundRefitter
 from oracle.gp import gp_oracle
+from oracle.refit import BackgroundRefitter, SharedOracle
 
 FAST = OraclePolicy(num_train_iters=20, refit_min_new_samples=5, refit_min_interval_s=10.0, max_grid_replicas=16)
 
@@ -129,13 +129,14 @@ def test_background_refit_swaps_models_without_blocking_predictions(profile, tra
     oracle = gp_oracle({"qwen": profile}, policy=FAST)
     clock = {"now": 100.0}
     refitted = threading.Event()
-    refitter = BackgroundRefitter(oracle, clock=lambda: clock["now"], poll_s=0.05,
+    shared = SharedOracle(oracle)  # samples come in from this thread while the refitter's thread fits
+    refitter = BackgroundRefitter(shared, clock=lambda: clock["now"], poll_s=0.05,
                                   on_refit=lambda model, kind, version: refitted.set())
     query = ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(20000.0), replicas=(1, 2, 4)),))
     refitter.start()
     try:
         assert oracle.elasticity(query).predictions[0].source == "roofline"
-        oracle.add_samples("qwen", elasticity=training_set.elasticity)
+        shared.add_samples("qwen", elasticity=training_set.elasticity)
         refitter.wake()
         sources = set()
         deadline = time.monotonic() + 60.0
@@ -149,6 +150,38 @@ def test_background_refit_swaps_models_without_blocking_predictions(profile, tra
         assert refitter.num_refits >= 1 and refitter.num_failures == 0
     finally:
         refitter.stop()
+
+
+def test_a_shared_refit_trains_outside_its_lock(profile):
+    """SharedOracle holds its lock for the snapshot and the bookkeeping, not for the fit: samples sent while a fit
+    runs are taken at once (the event loop never waits seconds), and are new samples for the next refit."""
+    from types import SimpleNamespace
+
+    training, release = threading.Event(), threading.Event()
+
+    def slow(samples, policy):
+        training.set()
+        assert release.wait(30)
+        return SimpleNamespace(version=f"slow-{len(samples)}")
+
+    oracle = Oracle({"qwen": profile}, policy=FAST, elasticity_trainer=slow)
+    shared = SharedOracle(oracle)
+    shared.add_samples("qwen", elasticity=[ElasticitySample(feats(100.0 * i), 1, 1.0) for i in range(1, 8)])
+    versions = []
+    fit = threading.Thread(target=lambda: versions.append(shared.refit("qwen", "elasticity", 0.0)))
+    fit.start()
+    try:
+        assert training.wait(30)
+        sender = threading.Thread(target=shared.add_samples, args=("qwen",),
+                                  kwargs={"elasticity": [ElasticitySample(feats(900.0), 1, 1.0)]})
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "add_samples waited for the fit"
+        assert oracle.num_samples("qwen")["elasticity"] == 8
+    finally:
+        release.set()
+        fit.join(30)
+    assert versions == ["slow-7"] and oracle.versions("qwen")["elasticity"] == "slow-7"  # the snapshot's 7
 
 
 def test_a_failed_refit_keeps_the_previous_model(profile):

@@ -2,8 +2,8 @@
 import subprocess
 import sys
 
-PURE = ["oracle", "oracle.core", "oracle.core.refit", "oracle.specs", "oracle.roofline", "oracle.attainment",
-        "oracle.profile.grid", "oracle.profile.measure", "oracle.profile.replay", "oracle.profile.synthetic",
+PURE = ["oracle", "oracle.core", "oracle.refit", "oracle.specs", "oracle.cpu_device", "oracle.roofline",
+        "oracle.attainment", "oracle.profile.grid", "oracle.profile.measure", "oracle.profile.replay", "oracle.profile.synthetic",
         "oracle.profile.calibrate", "oracle.profile.workload"]
 
 

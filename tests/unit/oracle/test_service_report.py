@@ -75,7 +75,7 @@ async def test_refits_and_windows_show_in_health_and_metrics(tmp_path, roofline)
     assert samples(text, "janus_oracle_refits_total", model="rep-gp", kind="elasticity") == [0.0]
     assert samples(text, "janus_oracle_source", model="rep-cold", kind="capacity", source="gp") == [0.0]
 
-    refits = _RecordedRefits(svc.oracle, svc)  # what the background refitter calls
+    refits = _RecordedRefits(svc.shared, svc)  # what the background refitter calls
     assert sorted(refits.due_for_refit(0.0)) == [("rep-gp", "capacity"), ("rep-gp", "elasticity")]
     for kind in ("capacity", "elasticity"):
         refits.refit("rep-gp", kind, 0.0)

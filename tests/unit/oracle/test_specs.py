@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from oracle.specs import MODEL_SHAPES, DeviceSpec, ModelShape, ascend_910c_die, calibrate_cpu, device, h200, model_shape
+from oracle.cpu_device import calibrate_cpu
+from oracle.specs import MODEL_SHAPES, DeviceSpec, ModelShape, ascend_910c_die, device, h200, model_shape
 
 # Published totals (model cards / papers), in billions of parameters.
 PUBLISHED_PARAMS_B = {

@@ -25,7 +25,7 @@ def test_cost_model_predicts_held_out_engine_steps(model_dir):
 
 def test_calibration_splits_fit_and_held_out_points(model_dir, monkeypatch):
     # synthetic "measurements" that follow a roofline exactly: the held-out error must then be ~0
-    from oracle.specs import calibrate_cpu
+    from oracle.cpu_device import calibrate_cpu
 
     device = calibrate_cpu(num_bytes=8 * 2**20, matmul_dim=256, repeats=1)
     fake = [Point("prefill", n, 0, 1.0 + 0.01 * n) for n in (16, 32, 64, 128, 256, 512)] + \
