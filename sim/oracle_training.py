@@ -6,7 +6,9 @@
   or the effects' parameters: its roofline is the device's datasheet with efficiencies fitted to measured steps.
 - The length mixes profiled are what telemetry shows before the run: the requests the group's apps sent in the
   trace's first minute, in up to three mixes (the apps in thirds by mean request length), each mix drawing its
-  (prompt, output) pairs from those requests, as an operator profiles the traffic it serves.
+  (prompt, output) pairs from those requests, as an operator profiles the traffic it serves; and a margin around
+  them (the shortest third twice as short, the longest twice as long: `LENGTH_MARGIN`). The knee searches' pilot
+  runs are training samples too (oracle/profile/run.py).
 - The layout profiled is the one the elastic scaler runs: it asks the oracle about m instances in all and splits
   them with `planner.core.split_prefill_decode` (colocated below `min_num_disaggregated`, else prefill and decode
   instances), so each grid point at m runs that split, with the KV hand-off over the device link
@@ -54,6 +56,11 @@ from .scenario import Scenario, replicas_for, window_features
 
 SIM_PLAN = DEVICE  # the oracle's plan for a fast target; its mixes are telemetry's (plan_for)
 TELEMETRY_S = 60.0  # the mixes come from the first minute of traffic
+# Beyond what telemetry shows, the operator profiles a margin: the shortest third's requests this many times shorter
+# and the longest's this many times longer. Without it an app shorter than the shortest third's average was sized
+# by extrapolation: seed 0's app-46 (317 -> 28 tokens; the short mix 599 -> 41) got one instance where it needed two
+# (docs/bench/sim.md, run 29).
+LENGTH_MARGIN = 2.0
 MAX_REQUESTS_PER_POINT = 20_000  # a small model's point at 3x its knee on 8 devices would send ~300k
 # How a point's labels are scored (oracle/profile/measure.py): "censored" = a request unfinished at the point's end
 # counts its tokens due by then only. Part of the cache key: profiles scored otherwise are not reused.
@@ -82,9 +89,12 @@ def groups_of(scenario: Scenario) -> list[Group]:
     return [Group(*key, apps=tuple(apps)) for key, apps in sorted(by_key.items())]
 
 
-def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...], max_samples: int = 2_000) -> tuple[LengthMix, ...]:
-    """Up to three length mixes from the requests the apps sent in the first minute: the apps in thirds by their
-    mean request length, each third's requests as the mix's (prompt, output) samples (at most `max_samples`)."""
+def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...], max_samples: int = 2_000,
+                    margin: float = LENGTH_MARGIN) -> tuple[LengthMix, ...]:
+    """The length mixes to profile, from the requests the apps sent in the first minute: the apps in thirds by their
+    mean request length, each third's requests as one mix's (prompt, output) samples (at most `max_samples`); then,
+    with `margin` > 1, the shortest third's requests `margin` times shorter and the longest's `margin` times longer
+    (`scaled_mix`), so the GPs interpolate for an app shorter or longer than the thirds' averages."""
     trace = scenario.trace
     end = int(np.searchsorted(trace.arrival_s, TELEMETRY_S))
     if not np.isin(trace.app_ids[:end], np.array(apps)).any():
@@ -100,7 +110,16 @@ def telemetry_mixes(scenario: Scenario, apps: tuple[int, ...], max_samples: int 
         if len(pairs) > max_samples:
             pairs = pairs[rng.choice(len(pairs), max_samples, replace=False)]
         mixes.append(LengthMix.of_samples(name, tuple((int(p), int(o)) for p, o in pairs)))
+    if margin > 1.0:
+        mixes = [scaled_mix(mixes[0], 1.0 / margin, "shorter"), *mixes, scaled_mix(mixes[-1], margin, "longer")]
     return tuple(mixes)
+
+
+def scaled_mix(mix: LengthMix, factor: float, name: str) -> LengthMix:
+    """`mix` with every prompt and output `factor` times as long (at least one token each): the same spread, the
+    means moved."""
+    return LengthMix.of_samples(name, tuple((max(1, round(p * factor)), max(1, round(o * factor)))
+                                            for p, o in mix.samples))
 
 
 def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
@@ -156,7 +175,8 @@ def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: P
                       "effects": asdict(scenario.effects), "shape": group.shape_name, "tp": group.tp,
                       "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
                       "max_requests_per_point": MAX_REQUESTS_PER_POINT,
-                      "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING},
+                      "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING,
+                      "pilot_samples": "in the training set"},
                      sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / f"{group.name}-{digest}.json"
@@ -234,7 +254,7 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
     per_point_s = plan.get("duration_s", 0.0) + plan.get("drain_s", 0.0)
     pilot_s = plan.get("pilot_duration_s", 0.0) + min(plan.get("drain_s", 0.0), plan.get("pilot_duration_s", 0.0))
     device_s = sum(p["num_replicas"] * per_point_s for p in points) + len(pilots) * pilot_s
-    return {"points": len(training_set.elasticity), "elapsed_s": training_set.meta.get("elapsed_s"),
+    return {"points": len(points), "elapsed_s": training_set.meta.get("elapsed_s"),
             "device_s": round(device_s, 1), "cached": was_cached,
             "capacities_rps": training_set.meta.get("capacities_rps", {})}
 

@@ -137,28 +137,40 @@ class Oracle:
 
     # --- predictions -----------------------------------------------------------------------------------------
     def capacity(self, query: CapacityQuery) -> CapacityReply:
-        """Needs of each item, mean / std / bound = mean + k*std, in the order asked; one GP evaluation per model."""
+        """Needs of each item, mean / std / bound = mean + k*std, in the order asked; one GP evaluation per model.
+        A model without load is answered by its roofline where it has a profile, GP or not: idle, an instance
+        needs its weights' memory and no compute or bandwidth, and a GP asked at zero rate and zero lengths answers
+        far outside what it was fitted on (the simulated die's 8B kind: a compute bound of 2.0 devices, so every
+        idle model fell out of the steady pool and met its next burst cold; docs/oracle.md)."""
         by_model: dict[str, list[int]] = defaultdict(list)
         for index, item in enumerate(query.items):
             by_model[item.model].append(index)
         answers: list[CapacityPrediction | None] = [None] * len(query.items)
         for model, indices in by_model.items():
-            features = [query.items[i].features for i in indices]
             predictor = self._capacity.get(model)
-            if predictor is not None:
-                mean, std = predictor.predict(capacity_inputs(features))
-                version, source = predictor.version, "gp"
-            else:
-                profile = self._profile(model)
-                mean = np.array([profile.roofline.needs(f, profile.tpot_slo_ms).as_tuple() for f in features])
-                std = profile.roofline_need_rel_std * mean
-                version, source = profile.version, "roofline"
-            bound = mean + query.k_sigma * std
-            for row, index in enumerate(indices):
-                answers[index] = CapacityPrediction(
-                    model=model, mean=_need(mean[row]), std=_need(std[row]), bound=_need(bound[row]),
-                    model_version=version, source=source)
+            idle = [i for i in indices if query.items[i].features.token_rate_tps <= 0 and model in self._profiles]
+            loaded = [i for i in indices if i not in set(idle)] if predictor is not None else []
+            by_roofline = [i for i in indices if i not in set(loaded)]
+            for part, answer in ((loaded, self._gp_needs), (by_roofline, self._roofline_needs)):
+                if not part:
+                    continue
+                mean, std, version, source = answer(model, [query.items[i].features for i in part])
+                bound = mean + query.k_sigma * std
+                for row, index in enumerate(part):
+                    answers[index] = CapacityPrediction(
+                        model=model, mean=_need(mean[row]), std=_need(std[row]), bound=_need(bound[row]),
+                        model_version=version, source=source)
         return CapacityReply(predictions=tuple(a for a in answers if a is not None))
+
+    def _gp_needs(self, model: str, features: list[LoadFeatures]) -> tuple[np.ndarray, np.ndarray, str, str]:
+        predictor = self._capacity[model]
+        mean, std = predictor.predict(capacity_inputs(features))
+        return mean, std, predictor.version, "gp"
+
+    def _roofline_needs(self, model: str, features: list[LoadFeatures]) -> tuple[np.ndarray, np.ndarray, str, str]:
+        profile = self._profile(model)
+        mean = np.array([profile.roofline.needs(f, profile.tpot_slo_ms).as_tuple() for f in features])
+        return mean, profile.roofline_need_rel_std * mean, profile.version, "roofline"
 
     def elasticity(self, query: ElasticityQuery) -> ElasticityReply:
         """Attainment at each m asked; mean and bound non-decreasing in m. GP answers are corrected over the fixed

@@ -300,19 +300,21 @@ class Profiler:
 
     def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
                               max_runs: int = 7, on_run: Callable[[dict], None] | None = None) \
-            -> tuple[float, list[dict]]:
+            -> tuple[float, list[dict], list[ElasticitySample]]:
         """The per-replica rate where measured attainment (m = 1, short pilot runs) crosses 0.5: double from
-        start_rps until it fails, then bisect in log space. Returns the rate and the pilot runs (`on_run` is
-        called with each as it ends).
+        start_rps until it fails, then bisect in log space. Returns the rate, the pilot runs (`on_run` is
+        called with each as it ends) and their elasticity samples (source "pilot"): the bisection measures the
+        knee densely, where the grid's few loads leave a gap and the GP drew a smooth curve through a sharp one.
 
         The search starts no lower than MIN_PILOT_REQUESTS arrivals in a pilot: a pilot with no request scores 1.0
         and says nothing. (demo-small's calibrated roofline put the long mix's knee at 0, below the 100 ms TTFT
         at any rate; from there five doublings measured only empty pilots and the grid got rates of ~0.)"""
-        ok, bad, runs = None, None, []
+        ok, bad, runs, samples = None, None, [], []
         rate = max(start_rps, MIN_PILOT_REQUESTS / duration_s)
         for i in range(max_runs):
             _, sample, info = self.run_point(GridPoint(rate, mix, 1), 1_000_000 + len(runs), duration_s)
             runs.append({**info, "attainment": sample.attainment})
+            samples.append(replace(sample, source="pilot"))
             if on_run:
                 on_run(runs[-1])
             if sample.attainment >= 0.5:
@@ -326,8 +328,8 @@ class Profiler:
             else:
                 rate = math.sqrt(ok * bad)
         if ok is None:
-            return bad or start_rps, runs
-        return (math.sqrt(ok * bad) if bad else ok), runs
+            return bad or start_rps, runs, samples
+        return (math.sqrt(ok * bad) if bad else ok), runs, samples
 
     def run_point(self, point: GridPoint, index: int, duration_s: float | None = None) \
             -> tuple[list[CapacitySample], ElasticitySample, dict]:

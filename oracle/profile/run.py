@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..core.dataset import TrainingSet
+from ..core.dataset import ElasticitySample, TrainingSet
 from .grid import GridPoint, LengthMix
 from .harness import (
     DEFAULT_MIXES,
@@ -116,12 +116,14 @@ class ProfileResult:
 
     @property
     def num_points(self) -> int:
-        return len(self.training_set.elasticity)
+        """Grid points (the knee search's pilot runs are in the training set too, not counted here)."""
+        return len(self.training_set.meta.get("points", ()))
 
     def summary(self) -> str:
         ts = self.training_set
-        return (f"{ts.model}: {self.num_points} points ({len(ts.elasticity)} elasticity, {len(ts.capacity)} "
-                f"capacity samples) in {format_duration(self.elapsed_s)} -> {self.path}")
+        pilots = len(ts.meta.get("pilots", ()))
+        return (f"{ts.model}: {self.num_points} points and {pilots} knee-search runs ({len(ts.elasticity)} "
+                f"elasticity, {len(ts.capacity)} capacity samples) in {format_duration(self.elapsed_s)} -> {self.path}")
 
 
 def format_duration(seconds: float) -> str:
@@ -177,6 +179,7 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
         # search, it missed the real knee by 2-4x on demo-tiny, which left a grid of 1.0 attainments.
         capacities: dict[str, float] = {}
         pilots: list[dict] = []
+        pilot_samples: list[ElasticitySample] = []  # measured at m = 1 around each knee: training data too
         for mix in plan.mixes:
             estimate = capacity_rps(profiler.roofline, mix, settings.ttft_slo_ms, settings.tpot_slo_ms)
 
@@ -184,9 +187,10 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
                 progress.update(task, advance=pilot_units, description=(
                     f"{name}: knee of {mix.name}: {run['rate_rps']:.0f} rps -> {run['attainment']:.2f}"))
 
-            capacities[mix.name], runs = profiler.measured_capacity_rps(
+            capacities[mix.name], runs, samples = profiler.measured_capacity_rps(
                 mix, estimate, duration_s=plan.pilot_duration_s, max_runs=plan.pilot_max_runs, on_run=on_run)
             pilots.extend(runs)
+            pilot_samples.extend(samples)
             note(f"{name}: {mix.name} knee: roofline {estimate:.1f} rps, measured {capacities[mix.name]:.1f} rps "
                  "per replica")
         grid = plan.grid(capacities, settings)
@@ -202,6 +206,7 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
             profiler, grid, model=name, out_path=partial, show_progress=False, on_point=on_point,
             extra_meta={"pilots": pilots, "capacities_rps": capacities, "plan": asdict(plan),
                         "model_dir": str(model_dir), **(extra_meta or {})})
+        training_set.elasticity.extend(pilot_samples)
         elapsed = time.perf_counter() - started
         training_set.meta["elapsed_s"] = round(elapsed, 1)
         training_set.save(partial)

@@ -60,6 +60,24 @@ def test_gp_answers_in_the_order_asked_with_their_version(fitted):
             assert bound == pytest.approx(mean + 1.5 * std)
 
 
+def test_a_model_without_load_needs_its_weights_not_what_a_gp_guesses_at_zero(fitted, profile):
+    """The steady planner asks about idle models at zero rate and zero lengths, far outside any profile: the
+    roofline answers them (weights' memory, no compute), in the order asked, beside GP answers for loaded items."""
+    idle = LoadFeatures(token_rate_tps=0.0, input_len_mean=0.0, input_len_var=0.0, output_len_mean=0.0)
+    items = (CapacityItem(model="qwen", features=feats(3000.0)), CapacityItem(model="qwen", features=idle),
+             CapacityItem(model="qwen", features=feats(500.0)))
+    reply = fitted.capacity(CapacityQuery(items=items, k_sigma=1.0))
+    assert [p.source for p in reply.predictions] == ["gp", "roofline", "gp"]
+    resting = reply.predictions[1]
+    truth = profile.roofline.needs(idle, profile.tpot_slo_ms)
+    assert resting.mean.hbm == pytest.approx(truth.hbm) and resting.mean.hbm > 0
+    assert resting.mean.compute == resting.mean.bandwidth == 0.0
+    assert resting.mean.hbm <= reply.predictions[2].mean.hbm  # idle needs no more memory than a light load
+    gp_only = Oracle(policy=FAST)  # a GP and no profile: the GP answers, there is nothing else
+    gp_only.install("qwen", capacity=fitted._capacity["qwen"])
+    assert gp_only.capacity(CapacityQuery(items=items[1:2])).predictions[0].source == "gp"
+
+
 @pytest.mark.parametrize("rate", [1000.0, 15000.0, 40000.0, 90000.0])
 def test_gp_attainment_bound_is_non_decreasing_and_consistent_across_calls(fitted, rate):
     replicas = tuple(range(1, 13))

@@ -10,6 +10,7 @@ import pytest
 
 from ops.cli import main
 from oracle.core import OraclePolicy, TrainingSet
+from oracle.core.dataset import ElasticitySample
 from oracle.profile.grid import LengthMix
 from oracle.profile.harness import HarnessSettings, stratified_grid
 from oracle.profile.run import FULL, QUICK, ProfilePlan, format_duration, parse_mixes, partial_path
@@ -57,23 +58,27 @@ def test_a_quick_profile_is_enough_for_the_oracle_to_fit_its_gps_at_start():
 def test_the_knee_search_starts_where_a_pilot_has_requests():
     """A roofline estimate of ~0 (demo-small's long mix at a 100 ms TTFT) must not start the search at rates whose
     pilots hold no request (an empty pilot scores 1.0: the search only ever saw those)."""
-    from types import SimpleNamespace
-
     from oracle.profile.harness import MIN_PILOT_REQUESTS, Profiler
 
     asked = []
 
     def run_point(point, index, duration_s=None):
         asked.append(point.rate_rps)
-        return [], SimpleNamespace(attainment=1.0 if point.rate_rps < 100 else 0.2), {"rate_rps": point.rate_rps}
+        sample = ElasticitySample(point.features, 1, 1.0 if point.rate_rps < 100 else 0.2)
+        return [], sample, {"rate_rps": point.rate_rps}
 
     profiler = Profiler.__new__(Profiler)  # no engines: run_point is the stand-in above
     profiler.run_point = run_point
     seen = []
-    knee, runs = profiler.measured_capacity_rps(MIXES[0], 1e-3, duration_s=0.5, max_runs=6, on_run=seen.append)
+    knee, runs, samples = profiler.measured_capacity_rps(MIXES[0], 1e-3, duration_s=0.5, max_runs=6,
+                                                         on_run=seen.append)
     assert asked[0] == MIN_PILOT_REQUESTS / 0.5 == 16
     assert asked[:4] == [16, 32, 64, 128] and 64 < knee < 128
     assert [r["rate_rps"] for r in seen] == asked and len(runs) == 6
+    # each pilot is a training sample of its own (m = 1), labelled as a pilot
+    measured = [1.0 if rate < 100 else 0.2 for rate in asked]
+    assert [s.attainment for s in samples] == [r["attainment"] for r in runs] == measured
+    assert {s.source for s in samples} == {"pilot"}
 
 
 def test_the_harness_alone_drives_no_engine_and_says_which_target_does(tmp_path):
@@ -159,7 +164,8 @@ def test_janus_profile_writes_the_training_set_under_the_state_dir(tmp_path, cap
     assert path.is_file() and not partial_path(path).exists()
     lines = out.strip().splitlines()
     assert lines[0].startswith("janus profile: my-tiny (") and "quick plan: 6 points" in lines[0]
-    assert lines[-1].startswith("janus profile: my-tiny: 6 points (6 elasticity, 9 capacity samples) in ")
+    assert lines[-1].startswith("janus profile: my-tiny: 6 points and 2 knee-search runs (8 elasticity, 9 capacity "
+                                "samples) in ")
     assert lines[-1].endswith(f" -> {path}")
     ts = TrainingSet.load(path)
     assert ts.model == "my-tiny" and (ts.ttft_slo_ms, ts.tpot_slo_ms) == (100.0, 10.0)

@@ -6,7 +6,7 @@ import pytest
 
 from contracts import ElasticityItem, ElasticityQuery
 from sim.device_effects import DeviceEffects
-from sim.oracle_training import SIM_PLAN, cache_path, groups_of, learned_oracle, plan_for, profile_group
+from sim.oracle_training import LENGTH_MARGIN, SIM_PLAN, cache_path, groups_of, learned_oracle, plan_for, profile_group
 from sim.scenario import build_scenario
 from sim.servegen import servegen_trace
 
@@ -29,12 +29,18 @@ def test_groups_are_kinds_of_instance_and_mixes_come_from_the_first_minute(scena
     assert len({(g.shape_name, g.tp) for g in groups}) == len(groups)
     for g in groups:
         mixes = plan_for(scenario, g, SMALL_PLAN).mixes
-        assert 1 <= len(mixes) <= 3 and all(m.input_len_mean >= 1 and m.output_len_mean >= 1 for m in mixes)
-        # each mix draws the first minute's own requests of its apps: every pair was sent by one of them
+        assert 3 <= len(mixes) <= 5 and all(m.input_len_mean >= 1 and m.output_len_mean >= 1 for m in mixes)
+        # each third draws the first minute's own requests of its apps: every pair was sent by one of them
         early = scenario.trace.arrival_s < 60.0
         sent = {(int(p), int(o)) for a, p, o, e in zip(scenario.trace.app_ids, scenario.trace.input_tokens,
                                                          scenario.trace.output_tokens, early) if e and a in g.apps}
-        assert all(m.samples and set(m.samples) <= sent for m in mixes)
+        shorter, *thirds, longer = mixes
+        assert all(m.samples and set(m.samples) <= sent for m in thirds)
+        # the margin: the shortest third's requests twice as short, the longest's twice as long
+        assert (shorter.name, longer.name) == ("shorter", "longer")
+        assert shorter.input_len_mean == pytest.approx(thirds[0].input_len_mean / LENGTH_MARGIN, rel=0.05)
+        assert longer.output_len_mean == pytest.approx(thirds[-1].output_len_mean * LENGTH_MARGIN, rel=0.05)
+        assert len(shorter.samples) == len(thirds[0].samples) and len(longer.samples) == len(thirds[-1].samples)
 
 
 def test_profiles_are_cached_by_what_they_depend_on(scenario, tmp_path):
@@ -43,7 +49,12 @@ def test_profiles_are_cached_by_what_they_depend_on(scenario, tmp_path):
     first = profile_group(scenario, group, tmp_path, SMALL_PLAN)
     path = cache_path(scenario, group, plan, tmp_path)
     assert path.exists() and first.model == group.name
-    assert len(first.elasticity) == len(plan.mixes) * len(plan.replicas) * len(plan.load_bands)
+    grid_points = len(plan.mixes) * len(plan.replicas) * len(plan.load_bands)
+    pilots = [s for s in first.elasticity if s.source == "pilot"]
+    assert len(first.meta["points"]) == grid_points == len(first.elasticity) - len(pilots)
+    # the knee searches' runs are training data too: m = 1, each mix's, as many as the search ran
+    assert len(pilots) == len(first.meta["pilots"]) >= 2 * len(plan.mixes)
+    assert all(s.num_replicas == 1 for s in pilots)
     assert profile_group(scenario, group, tmp_path, SMALL_PLAN).elasticity == first.elasticity  # from the cache
     other = replace(scenario, effects=DeviceEffects(seed=3, small_batch_penalty=0.5))
     assert cache_path(other, group, plan, tmp_path) != path  # other devices: another profile
