@@ -1,9 +1,9 @@
 """One profile of one checkpoint, start to end: the engines and their calibration, the measured knee of each length
-mix, the grid, the TrainingSet written atomically; one progress bar over all of it. `python -m oracle.profile`,
+mix, the grid, the TrainingSet written atomically; one progress bar over all of it. `python -m ops.profile`,
 `janus profile` and `janus up`'s first start all run `profile_checkpoint`.
 
 Two plans (`PLANS`):
-- `full` (the default of `python -m oracle.profile`): three mixes x m in {1, 2, 3} x five loads drawn log-uniformly
+- `full` (the default of `python -m ops.profile`): three mixes x m in {1, 2, 3} x five loads drawn log-uniformly
   in 0.3..2.0 x m x the mix's knee (45 points), 2 virtual seconds each, the knee bisected over 7 pilot runs.
 - `quick` (`--quick`; what `janus up` runs): the same mixes and replica counts, one load in each of three bands
   (0.05-0.3, 0.65-1.15, 1.3-1.8 x the knee: below, at and past it; 27 points), 1.5 virtual seconds each, the knee
@@ -145,11 +145,11 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
                        show_progress: bool = True, say: Callable[[str], None] | None = None,
                        extra_meta: dict | None = None,
                        make_profiler: Callable[[HarnessSettings, int], Profiler] | None = None) -> ProfileResult:
-    """Profile the checkpoint at `model_dir` (the real engine on this CPU) and write its TrainingSet to `out_path`
-    (its `model` is `model`, default the folder's name). `settings` default to the plan's. `say` gets the
-    progress notes (calibration, each knee); default: printed above the progress bar. `make_profiler(settings,
-    max_replicas)` stands in another target for the real engine (the simulator's devices: sim/oracle_training.py);
-    the knee search, the grid and the training set are this same code."""
+    """Profile the checkpoint at `model_dir` and write its TrainingSet to `out_path` (its `model` is `model`,
+    default the folder's name). `settings` default to the plan's. `say` gets the progress notes (calibration, each
+    knee); default: printed above the progress bar. `make_profiler(settings, max_replicas)` builds the target: the
+    worker's engine on this CPU (ops/profile.py) or the simulator's devices (sim/oracle_training.py); the knee
+    search, the grid and the training set are this same code."""
     model_dir = Path(model_dir)
     out = Path(out_path)
     settings = settings or plan.harness_settings()
