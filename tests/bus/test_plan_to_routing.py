@@ -21,13 +21,9 @@ from contracts import (
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.bus.cluster import stop_services
+from tests.bus.planner_bus_helpers import assert_jump_in_audit, fast_planner, serve_oracle
+from tests.polling import wait_for
 from tests.scrape import samples, scrape
-from tests.unit.planner.planner_bus_helpers import (
-    assert_jump_in_audit,
-    fast_planner,
-    serve_oracle,
-    wait_for,
-)
 from tests.unit.planner.planner_test_oracles import TableOracle, window
 
 pytestmark = pytest.mark.slow

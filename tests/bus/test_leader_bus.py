@@ -18,19 +18,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from planner_bus_helpers import beat_and_load, fast_planner, serve_oracle, wait_for
-from planner_test_oracles import TableOracle, window
-from planner_test_workers import ScriptedWorkers
 
-from contracts import ElasticPlan, HealthReply, LifecycleCommand, ModelState, SteadyPlan, subjects
+from contracts import ElasticPlan, ElasticTarget, HealthReply, LifecycleCommand, ModelState, SteadyPlan, subjects
 from runtime.jetstream import ensure_kv
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.bus.cluster import stop_services
+from tests.bus.planner_bus_helpers import beat_and_load, fast_planner, serve_oracle
+from tests.polling import wait_for
+from tests.unit.planner.planner_test_oracles import TableOracle, window
+from tests.unit.planner.planner_test_workers import ScriptedWorkers
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 WORKERS = ["hw0", "hw1", "hw2", "hw3"]
 PLANNER = fast_planner(heartbeat_timeout_ms=3000, retry_backoff_ms=200)
 CLUSTER = {"models": [{"name": "hot"}, {"name": "calm"}], "planner": PLANNER}
@@ -264,6 +265,13 @@ async def test_kill_9_of_the_active_scaler_and_reconciler_under_load_the_standby
         await stop_services({"steady": steady}, [steady_task])
 
 
+def hot_plan(plan_id: str, num_hot: int, *, epoch: int) -> ElasticPlan:
+    """An elastic plan of term `epoch`, made now: `num_hot` prefill instances of the hot model."""
+    return ElasticPlan(plan_id=plan_id, created_unix_ms=time.time() * 1e3, epoch=epoch, budget_devices=8,
+                       num_devices_used=num_hot, targets=(ElasticTarget(model="hot", num_prefill=num_hot, num_decode=0,
+                                                                         desired_replicas=num_hot),))
+
+
 async def test_a_live_reconciler_ignores_a_plan_of_a_deposed_planners_term(nats_url, bus_factory, tmp_path):
     """A scaler that paused past its lease may publish the plan it was making after a newer term has planned: the
     reconciler reports it `ignored` on the audit subject and the fleet keeps the newer term's counts
@@ -271,7 +279,6 @@ async def test_a_live_reconciler_ignores_a_plan_of_a_deposed_planners_term(nats_
     from contracts import PlanStatus
     from planner.reconciler_service import ReconcilerService
     from planner.shell import publish_event
-    from test_planner_reconciler import elastic
 
     fleet = await start_fleet(bus_factory)
     statuses: list[PlanStatus] = []
@@ -285,11 +292,9 @@ async def test_a_live_reconciler_ignores_a_plan_of_a_deposed_planners_term(nats_
     task = asyncio.create_task(run_service(reconciler, install_signals=False))
     try:
         await wait_for(reconciler.is_leader, what="the reconciler leading")
-        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, elastic("elastic-new-1", {"hot": (2, 0)}).model_copy(
-            update={"epoch": 5, "created_unix_ms": time.time() * 1e3}))
+        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, hot_plan("elastic-new-1", 2, epoch=5))
         await wait_for(lambda: fleet.ready("hot") == 2, what="the term-5 plan's two hot instances")
-        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, elastic("elastic-old-1", {"hot": (4, 0)}).model_copy(
-            update={"epoch": 4, "created_unix_ms": time.time() * 1e3}))
+        await publish_event(fleet.bus, subjects.PLAN_ELASTIC, hot_plan("elastic-old-1", 4, epoch=4))
         ignored = await wait_for(lambda: [s for s in statuses if s.plan_id == "elastic-old-1"], timeout_s=10,
                                  what="a status for the stale plan")
         assert ignored[0].status == "ignored" and "stale epoch 4" in ignored[0].detail

@@ -7,12 +7,13 @@ import asyncio
 import time
 
 import pytest
-from planner_bus_helpers import beat_and_load, serve_oracle, wait_for
-from planner_test_oracles import TableOracle, window
-from planner_test_workers import ScriptedWorkers
 
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.bus.planner_bus_helpers import beat_and_load, serve_oracle
+from tests.polling import wait_for
+from tests.unit.planner.planner_test_oracles import TableOracle, window
+from tests.unit.planner.planner_test_workers import ScriptedWorkers
 
 pytestmark = pytest.mark.slow
 
