@@ -67,6 +67,10 @@ async def test_outlives_pytest_timeout():
                 raise
 
 
+async def test_the_next_one_passes():  # on the same loop, right after three hung tests
+    await asyncio.sleep(0.01)
+
+
 async def test_leaks_a_task():
     asyncio.create_task(asyncio.sleep(3600))
 """
@@ -136,9 +140,10 @@ def test_a_hung_or_leaky_test_fails_alone_and_later_modules_run_clean(pytester, 
     pytester.makeini(INI)
     pytester.makepyfile(test_a_hangs=HANGS, test_b_module_leak=MODULE_LEAK, test_c_after=AFTER)
     unneeded = ("cacheprovider", "schemathesis", "hypothesispytest", "anyio")  # seconds of start-up
-    result = pytester.runpytest_subprocess(*(a for p in unneeded for a in ("-p", f"no:{p}")), "-rfE", "-q", timeout=90)
+    result = pytester.runpytest_subprocess(*(a for p in unneeded for a in ("-p", f"no:{p}")), "-rfEp", "-q", timeout=90)
 
     result.stdout.fnmatch_lines_random([
+        "PASSED test_a_hangs.py::test_the_next_one_passes",  # a hung test fails alone
         # the deadline cancels a hung test before pytest-timeout, naming where it and its tasks waited
         "FAILED test_a_hangs.py::test_hangs_with_a_service_and_a_process - Failed: the test did not finish within*",
         "FAILED test_a_hangs.py::test_hangs_in_its_finally_too - Failed: the test did not finish within*",
@@ -158,4 +163,4 @@ def test_a_hung_or_leaky_test_fails_alone_and_later_modules_run_clean(pytester, 
         "*1 task(s) left running:*",
     ])
     # the later module is untouched: its tests pass, its module-scoped service is not taken for a leak
-    result.assert_outcomes(passed=5, failed=3, errors=4)
+    result.assert_outcomes(passed=6, failed=3, errors=4)
