@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Iterable, Mapping
 
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.polling import wait_for
 
 log = logging.getLogger("tests.bus.cluster")
 
@@ -60,18 +60,19 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     out.services["gateway"] = GatewayService(settings(f"{tag}-gateway"), cluster, port=0)
     for svc in out.services.values():
         out.tasks.append(asyncio.create_task(run_service(svc, install_signals=False)))
-    await wait_until(lambda: out.gateway.listening
-                     and all(getattr(s, "residents", None) is None or
-                             all(r.is_ready for r in s.residents.values()) and s.residents
-                             for s in out.services.values()), timeout_s=120, tasks=out.tasks)
+    await wait_for(lambda: out.gateway.listening
+                   and all(getattr(s, "residents", None) is None or
+                           all(r.is_ready for r in s.residents.values()) and s.residents
+                           for s in out.services.values()), timeout_s=120, tasks=out.tasks,
+                   what="the gateway listening and every worker's instances ready")
     # The dispatcher must route every model to this cluster's own ready instances: the registry may still hold
     # records of an earlier cluster on the same nats-server, which a count of records would take for these, and a
     # request sent before its model is routable waits, and may miss its TTFT deadline on a loaded machine.
     worker_ids = {f"{tag}-worker-{i}" for i in range(num_workers)}
     view = out.dispatcher.core._view  # what the dispatcher routes by: ready, ACTIVE, not banned
-    await wait_until(lambda: all(any(r.worker_id in worker_ids for r in view.prefill_instances(m.name))
-                                 for m in cluster.models),
-                     timeout_s=30, tasks=out.tasks)
+    await wait_for(lambda: all(any(r.worker_id in worker_ids for r in view.prefill_instances(m.name))
+                               for m in cluster.models),
+                   timeout_s=30, tasks=out.tasks, what="every model routed to this cluster's own workers")
     return out
 
 
@@ -114,17 +115,10 @@ async def forget_earlier_clusters(nats_url: str) -> None:
         await bus.close()
 
 
-async def wait_until(predicate, *, timeout_s: float, tasks=(), interval_s: float = 0.05) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        for task in tasks:
-            if task.done():
-                task.result()  # surface a service that crashed while starting
-                raise RuntimeError("a service stopped while starting")
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(interval_s)
+async def wait_until(predicate, *, timeout_s: float, tasks=(), interval_s: float = 0.05,
+                     what: str = "the condition") -> None:
+    """tests.polling.wait_for, for the callers that name no `what`."""
+    await wait_for(predicate, what=what, timeout_s=timeout_s, tasks=tasks, interval_s=interval_s)
 
 
 STOP_TIMEOUT_S = 90.0  # a worker drains for 30 s at most, then releases; a service slower than this is stuck
@@ -162,20 +156,3 @@ def _label(task: asyncio.Task) -> str:
     frame = getattr(task.get_coro(), "cr_frame", None)
     service = frame.f_locals.get("service") if frame is not None else None
     return f"{service.name} {service.instance}" if isinstance(service, Service) else task.get_name()
-
-
-async def wait_for(predicate, *, timeout_s: float, what: str, tasks=()):
-    """Poll `predicate` until it returns something truthy (returned); a service task that ended meanwhile is
-    surfaced at once instead of waiting out the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for task in tasks:
-            if task.done():
-                task.result()
-                raise RuntimeError(f"a service stopped while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-        await asyncio.sleep(0.05)

@@ -92,7 +92,7 @@ async def test_plan_ids_stay_unique_across_a_planner_restart(server, tmp_path):
     from planner.elastic_service import ElasticScalerService
     from runtime.service import run_service
     from runtime.settings import ClusterConfig, JanusSettings
-    from tests.unit.planner.planner_bus_helpers import fast_planner
+    from tests.bus.planner_bus_helpers import fast_planner
 
     bus = await Bus.connect(server.url, "test")
     await ensure_plans_stream(bus, 3600.0)

@@ -53,7 +53,7 @@ from contracts import (
 )
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
-from tests.unit.planner.planner_bus_helpers import serve_oracle
+from tests.bus.planner_bus_helpers import serve_oracle
 from tests.unit.planner.planner_test_oracles import TableOracle
 from worker.echo_engine import EchoEngine
 from worker.service import WorkerService

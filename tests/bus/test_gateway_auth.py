@@ -7,7 +7,7 @@ import logging
 import httpx
 import pytest
 
-from .cluster import start_cluster
+from .cluster import start_cluster, wait_for
 
 KEY_A = "sk-tenant-a-7f3e9c1d"
 KEY_B = "sk-tenant-b-0a8b2c4e"
@@ -58,6 +58,7 @@ async def test_concurrency_limit_per_tenant(keyed_cluster):
             client.post("/v1/completions", json=long, headers={"Authorization": f"Bearer {KEY_B}"})
             for _ in range(8)))]
         assert 200 in codes and 429 in codes and set(codes) == {200, 429}, codes
-        await asyncio.sleep(0.05)
+        limiter = keyed_cluster.gateway.limiter
+        await wait_for(lambda: limiter.in_flight("b") == 0, timeout_s=10, what="tenant b's requests all ended")
         third = await client.post("/v1/completions", json=BODY, headers={"Authorization": f"Bearer {KEY_B}"})
         assert third.status_code == 200

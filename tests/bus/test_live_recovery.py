@@ -31,7 +31,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 from sim.experiments import live_shock
 from sim.metrics import on_time_tokens
 from sim.oracle_cache import CachedOracle
-from tests.unit.planner.planner_bus_helpers import serve_oracle
+from tests.bus.planner_bus_helpers import serve_oracle
 from worker.echo_engine import EchoEngine, EchoOutput
 from worker.service import WorkerService
 

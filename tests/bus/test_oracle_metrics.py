@@ -14,6 +14,7 @@ from oracle.roofline import RooflineModel
 from oracle.specs import h200, model_shape
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
+from tests.polling import wait_for
 from tests.scrape import samples, scrape
 
 MODEL, COLD = "om-tiny", "om-cold"  # names of this test's own (the metrics registry is the process's)
@@ -29,20 +30,6 @@ def heartbeat(worker_id: str, model: str, num_active: int) -> WorkerHeartbeat:
         pages=PageCounters(page_size_bytes=2 << 20, num_pages_total=10, num_pages_free=10, fragmentation=0.0),
         instances=tuple(InstanceStatus(instance_id=f"{worker_id}-{i}", model=model, role=InstanceRole.COLOCATED,
                                        pool=Pool.ELASTIC, state=ModelState.ACTIVE) for i in range(num_active)))
-
-
-async def until(check, what: str, timeout_s: float):
-    """Poll `check` (sync or async) until it returns something truthy; fail naming `what` past the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s:g} s")
-        await asyncio.sleep(0.1)
 
 
 async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bus_factory, demo_models_dir,
@@ -66,14 +53,15 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
     started_s = time.time()
     task = asyncio.create_task(run_service(service, install_signals=False))
     try:
-        url = await until(lambda: service.metrics_url, "metrics listener", 30.0)
+        url = await wait_for(lambda: service.metrics_url, what="metrics listener", timeout_s=30.0)
 
         async def fitted():  # the background refitter fits both GPs from the training set
             text = await scrape(url)
             return text if all(samples(text, "janus_oracle_source", model=MODEL, kind=kind, source="gp") == [1.0]
                                for kind in ("capacity", "elasticity")) else None
 
-        text = await until(fitted, "GPs fitted from the default training set", 90.0)
+        text = await wait_for(fitted, what="GPs fitted from the default training set", timeout_s=90.0,
+                              interval_s=0.1)
         for kind in ("capacity", "elasticity"):
             # the synthetic set holds one capacity and one elasticity sample per grid point
             assert samples(text, "janus_oracle_training_points", model=MODEL, kind=kind) == [float(len(grid))]
@@ -89,7 +77,8 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
         # two serving replicas (heartbeats), then the dispatcher's windows
         publisher = await bus_factory("om-dispatcher")
         await publisher.publish(subjects.worker_telemetry("om-w1"), heartbeat("om-w1", MODEL, 2))
-        await until(lambda: service.num_replicas(MODEL) == 2, "replica count from the heartbeat", 30.0)
+        await wait_for(lambda: service.num_replicas(MODEL) == 2, what="the replica count from the heartbeat",
+                       timeout_s=30.0)
         for i in range(NUM_WINDOWS):
             rate_rps = 10.0 * (i + 1)
             await publisher.publish(subjects.model_telemetry(MODEL), ModelLoadWindow(
@@ -102,7 +91,8 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
             return text if samples(text, "janus_oracle_windows_scored_total", model=MODEL, source="gp") == \
                 [float(NUM_WINDOWS)] else None
 
-        text = await until(scored, f"{NUM_WINDOWS} windows scored against the GP", 30.0)
+        text = await wait_for(scored, what=f"{NUM_WINDOWS} windows scored against the GP", timeout_s=30.0,
+                              interval_s=0.1)
         (error,) = samples(text, "janus_oracle_attainment_abs_error", model=MODEL)
         (coverage,) = samples(text, "janus_oracle_attainment_coverage", model=MODEL)
         (bias,) = samples(text, "janus_oracle_attainment_bias", model=MODEL)

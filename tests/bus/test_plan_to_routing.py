@@ -21,13 +21,9 @@ from contracts import (
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.bus.cluster import stop_services
+from tests.bus.planner_bus_helpers import assert_jump_in_audit, fast_planner, serve_oracle
+from tests.polling import wait_for
 from tests.scrape import samples, scrape
-from tests.unit.planner.planner_bus_helpers import (
-    assert_jump_in_audit,
-    fast_planner,
-    serve_oracle,
-    wait_for,
-)
 from tests.unit.planner.planner_test_oracles import TableOracle, window
 
 pytestmark = pytest.mark.slow
@@ -137,10 +133,13 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
 
         # what Prometheus scrapes tells the same story
         target = next(w for w in workers.values() if any(i.instance_id in new for i in w.residents.values()))
-        await asyncio.sleep(0.6)  # one heartbeat after the fork: the page gauges follow heartbeats
-        text = await scrape(target.metrics_url)
         me = {"worker": target.worker_id}
-        assert sum(samples(text, "janus_worker_pages", model="hot", kind="weights", **me)) > 0
+
+        async def weights_paged() -> str | None:  # the page gauges follow heartbeats: one sent after the fork
+            text = await scrape(target.metrics_url)
+            return text if sum(samples(text, "janus_worker_pages", model="hot", kind="weights", **me)) > 0 else None
+
+        text = await wait_for(weights_paged, timeout_s=30, what=f"the forked weights in {target.worker_id}'s pages")
         assert sum(samples(text, "janus_worker_lifecycle_transitions_total", model="hot", to_state="active",
                            **me)) >= 1
         fork_s = sum(samples(text, "janus_worker_lifecycle_transition_seconds_sum", via="fork", **me))

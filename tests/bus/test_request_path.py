@@ -2,14 +2,13 @@
 echo engine (no model math) so the test is about the path: HTTP API, errors, streaming, traces."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
 
 from ..scrape import samples, scrape
-from .cluster import start_cluster
+from .cluster import start_cluster, wait_for
 
 
 # What a client waits for an answer. httpx's 5 s default is the gateway's own submit timeout: late in a full bus run
@@ -126,12 +125,12 @@ async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(
     ttft_sum = sum(samples(gw, "janus_gateway_ttft_seconds_sum", model="demo-tiny"))
     assert 0 < ttft_sum / ttft_count < 5.0  # seconds: a plausible mean TTFT for the echo engine
     assert sum(samples(gw, "janus_gateway_output_tokens_total", model="demo-tiny")) >= 9
-    disp = ""
-    for _ in range(40):  # the queue-depth gauge follows the load windows the dispatcher publishes every 0.5 s
-        disp = await scrape(echo_cluster.dispatcher.metrics_url)
-        if samples(disp, "janus_dispatcher_queue_depth", model="demo-tiny"):
-            break
-        await asyncio.sleep(0.1)
+
+    async def dispatcher_queue_depth() -> str | None:  # the gauge follows the load windows it publishes every 0.5 s
+        text = await scrape(echo_cluster.dispatcher.metrics_url)
+        return text if samples(text, "janus_dispatcher_queue_depth", model="demo-tiny") else None
+
+    disp = await wait_for(dispatcher_queue_depth, timeout_s=10, what="the dispatcher's queue-depth gauge")
     assert sum(samples(disp, "janus_dispatcher_assignments_total", model="demo-tiny")) >= 3
     assert samples(disp, "janus_dispatcher_queue_depth", model="demo-tiny") == [0.0]  # all answered
 
@@ -142,9 +141,13 @@ async def test_worker_metrics_show_pages_transitions_and_batches(echo_cluster):
         for _ in range(2):
             r = await client.post("/v1/completions", json={"model": "demo-small", "prompt": [3, 4], "max_tokens": 2})
             assert r.status_code == 200
-    await asyncio.sleep(1.2)  # two heartbeats: the gauges follow them
-    text = await scrape(worker.metrics_url)
     me = {"worker": "echo-worker-0"}
+
+    async def idle_again() -> str | None:  # the gauges follow heartbeats: one sent after the requests ended
+        text = await scrape(worker.metrics_url)
+        return text if samples(text, "janus_worker_running_requests", model="demo-small", **me) == [0.0] else None
+
+    text = await wait_for(idle_again, timeout_s=10, what="echo-worker-0's running-requests gauge back at 0")
     # the echo engine holds no pages: the whole pool is free
     assert samples(text, "janus_worker_pages", kind="free", **me) == [float(worker.pages.num_pages)]
     assert sum(samples(text, "janus_worker_lifecycle_transitions_total", to_state="active", **me)) == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .cluster import start_cluster
+from .cluster import start_cluster, wait_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -26,7 +26,18 @@ async def status_cluster(nats_url, demo_models_dir):
     async with httpx.AsyncClient(base_url=cluster.url) as client:
         for model in ("demo-tiny", "demo-small"):
             await client.post("/v1/completions", json={"model": model, "prompt": [4, 5], "max_tokens": 2})
-    await asyncio.sleep(1.2)  # heartbeats and a load window
+
+    def described() -> bool:
+        """The gateway's view (its status page) has both workers' heartbeats, their four instances ready and
+        active, and a load window of each model."""
+        snap = cluster.gateway.view.snapshot()
+        ours = [i for i in snap["instances"] if i["worker_id"].startswith("status-")]
+        models = {m["model"]: m for m in snap["models"]}
+        return ({"status-worker-0", "status-worker-1"} <= {d["worker_id"] for d in snap["devices"]}
+                and len(ours) == 4 and all(i["is_ready"] and i["state"] == "active" for i in ours)
+                and all("queue_depth" in models.get(m, {}) for m in ("demo-tiny", "demo-small")))
+
+    await wait_for(described, timeout_s=30, what="heartbeats of both workers and a load window of each model")
     yield cluster
     await cluster.stop()
 

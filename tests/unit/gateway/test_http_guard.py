@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from gateway.http_guard import BodyGuard, guarded_h11
+from tests.polling import wait_for
 
 CHUNK = b"x" * 65536
 
@@ -132,7 +133,7 @@ async def _server(*, header_timeout_s: float, max_connections: int):
     while not server.started:
         await asyncio.sleep(0.01)
     try:
-        yield server.servers[0].sockets[0].getsockname()[1]
+        yield server, server.servers[0].sockets[0].getsockname()[1]
     finally:
         server.should_exit = True
         await task
@@ -143,7 +144,7 @@ async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> byte
 
 
 async def test_headers_that_never_finish_lose_the_connection():
-    async with _server(header_timeout_s=0.3, max_connections=100) as port:
+    async with _server(header_timeout_s=0.3, max_connections=100) as (_, port):
         idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)  # sends nothing at all
         half_r, half_w = await asyncio.open_connection("127.0.0.1", port)
         half_w.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # and never the blank line
@@ -165,9 +166,10 @@ async def test_headers_that_never_finish_lose_the_connection():
 
 
 async def test_connections_past_the_cap_get_503_at_once():
-    async with _server(header_timeout_s=10.0, max_connections=3) as port:
+    async with _server(header_timeout_s=10.0, max_connections=3) as (server, port):
+        connections = server.server_state.connections
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(connections) == 3, timeout_s=5, what="the server holding the three connections")
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answer = await _closed_within(reader, 2.0)
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower()
@@ -175,7 +177,7 @@ async def test_connections_past_the_cap_get_503_at_once():
         writer.close()
         for _, w in held:
             w.close()
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: not connections, timeout_s=5, what="the server dropping the closed connections")
         # the held ones gone, a new connection is served again
         r, w = await asyncio.open_connection("127.0.0.1", port)
         w.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")

@@ -1,5 +1,4 @@
 """The oracle service over a real nats-server: batched replies, typed errors, learning from telemetry windows."""
-import asyncio
 
 import pytest
 
@@ -9,6 +8,7 @@ from contracts import (CapacityItem, CapacityQuery, CapacityReply, DeviceInfo, E
 from oracle.service import OracleService
 from runtime.bus import BusError
 from runtime.settings import ClusterConfig, JanusSettings, ModelSpec
+from tests.polling import wait_for
 
 FEATURES = LoadFeatures(token_rate_tps=500.0, input_len_mean=128.0, input_len_var=4096.0, output_len_mean=32.0)
 
@@ -65,18 +65,12 @@ async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service
                                  request_rate_rps=2.0, features=FEATURES.model_copy(
                                      update={"token_rate_tps": 300.0 * (i + 1)}), ttft_attainment=1.0 - 0.2 * i)
         await publisher.publish(subjects.model_telemetry("tiny"), window)
-    for _ in range(200):
-        if service.num_windows_learnt == 4:
-            break
-        await asyncio.sleep(0.02)
+    await wait_for(lambda: service.num_windows_learnt >= 4, timeout_s=10, interval_s=0.02, what="four windows learnt")
     assert service.num_replicas("tiny") == 3
     assert service.num_windows_learnt == 4
     samples = service.oracle._elasticity_samples["tiny"]
     assert {s.num_replicas for s in samples} == {3}
     # the refitter was woken: the elasticity model is refitted in the background
-    for _ in range(300):
-        if service.oracle.versions("tiny")["elasticity"].startswith("gp-"):
-            break
-        await asyncio.sleep(0.1)
-    assert service.oracle.versions("tiny")["elasticity"].startswith("gp-")
+    await wait_for(lambda: service.oracle.versions("tiny")["elasticity"].startswith("gp-"), timeout_s=30,
+                   what="the elasticity model refitted as a GP")
     assert service.health().detail["tiny.elasticity"].startswith("gp-")

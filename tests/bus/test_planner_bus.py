@@ -11,15 +11,6 @@ import asyncio
 import time
 
 import pytest
-from planner_bus_helpers import (
-    assert_jump_in_audit,
-    beat_and_load,
-    fast_planner,
-    serve_oracle,
-    wait_for,
-)
-from planner_test_oracles import TableOracle, window
-from planner_test_workers import ScriptedWorkers
 
 from contracts import (
     GenerateRequest,
@@ -34,6 +25,10 @@ from runtime.jetstream import ensure_kv
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.bus.cluster import stop_services
+from tests.bus.planner_bus_helpers import assert_jump_in_audit, beat_and_load, fast_planner, serve_oracle
+from tests.polling import wait_for
+from tests.unit.planner.planner_test_oracles import TableOracle, window
+from tests.unit.planner.planner_test_workers import ScriptedWorkers
 
 pytestmark = pytest.mark.slow
 

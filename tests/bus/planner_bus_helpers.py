@@ -1,5 +1,6 @@
-"""What the planner tests that run real services on a real nats-server share: fast planner settings, a polling
-wait, and a table oracle served on the oracle subjects."""
+"""What the planner tests that run real services on a real nats-server share: fast planner settings, scripted
+heartbeats and load windows, and a table oracle served on the oracle subjects (the oracle and the workers are the
+planner unit tests' stand-ins, tests/unit/planner/planner_test_*.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,17 +19,6 @@ def fast_planner(heartbeat_timeout_ms: float, retry_backoff_ms: float) -> dict:
         "reconcile_period_s": 0.1,
         "elastic_republish_s": 30.0,
     }
-
-
-async def wait_for(predicate, timeout_s: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout_s} s")
-        await asyncio.sleep(0.05)
 
 
 async def beat_and_load(bus, workers, worker_ids, windows, period_s: float) -> None:
