@@ -5,7 +5,7 @@ before its first online refit (the GPs fitted on the profiles alone) and after i
     .venv/bin/python bench/oracle_live.py --duration-s 600 --out artifacts/oracle-live
 
 It runs `janus replay` (open loop, streaming, the trace's own arrival times) for `--duration-s` and, every
-`--poll-s`, scrapes the oracle's /metrics (the URL from its health detail in `janus status --json`):
+`--poll-s`, scrapes the oracle's /metrics (the URL from its health reply on the bus):
 per model the rolling mean absolute error of predicted vs measured attainment, the same over the windows the
 answering fit predicted (`..._current_fit`), the bias, the windows scored and the refits. It writes every sample to
 `samples.csv`, the figure to `error.png`, and prints per model the error just before the first refit after the start
@@ -15,8 +15,8 @@ says what the series mean; docs/bench/oracle.md has the figures.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
-import json
 import re
 import subprocess
 import sys
@@ -62,21 +62,22 @@ def parse_metrics(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def oracle_metrics_url(state_dir: str) -> str:
-    """The oracle's /metrics URL from its health detail (`janus status --json`)."""
-    done = subprocess.run([*JANUS, "status", "--json", "--state-dir", state_dir], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"oracle_live: `janus status` failed: {done.stderr.strip() or done.stdout.strip()}")
-    found = re.findall(r'"metrics":\s*"(http://[^"]*)"', done.stdout)
-    snapshot = json.loads(done.stdout)
-    for service in snapshot.get("services", []):
-        detail = service.get("detail") or {}
-        if str(service.get("service", service.get("name", ""))).startswith("oracle") and "metrics" in detail:
-            return detail["metrics"]
-    if found:
-        return found[0]
-    raise SystemExit("oracle_live: no oracle with a metrics URL in `janus status --json`; is `make up` running?")
+def oracle_metrics_url(state_dir: str, instance: str = "oracle-0") -> str:
+    """The oracle's /metrics URL, from its health reply on the bus (as `janus up` asks each service when it starts)."""
+    from contracts import HealthReply, subjects
+    from runtime.tools import connect_tool, nats_target, settings_for
+
+    async def ask() -> HealthReply:
+        bus = await connect_tool("oracle_live", nats_target(settings_for(state_dir), None))
+        try:
+            return await bus.request(subjects.health("oracle", instance), None, HealthReply, timeout_s=5.0)
+        finally:
+            await bus.close()
+
+    url = asyncio.run(ask()).detail.get("metrics")
+    if not url:
+        raise SystemExit(f"oracle_live: {instance} reports no metrics URL in its health detail")
+    return url
 
 
 @dataclass
@@ -135,7 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--state-dir", default=".janus")
     ap.add_argument("--gateway", default="http://127.0.0.1:8000")
-    ap.add_argument("--metrics-url", help="the oracle's /metrics (default: from `janus status --json`)")
+    ap.add_argument("--metrics-url", help="the oracle's /metrics (default: from its health reply)")
     ap.add_argument("--duration-s", type=float, default=600.0)
     ap.add_argument("--poll-s", type=float, default=10.0)
     ap.add_argument("--replay-args", default="--trace arena --compression 10 --max-requests 100000 "

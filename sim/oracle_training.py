@@ -176,7 +176,7 @@ def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: P
                       "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
                       "max_requests_per_point": MAX_REQUESTS_PER_POINT,
                       "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING,
-                      "pilot_samples": "in the training set"},
+                      "pilot_samples": "in the training set when long enough (harness.is_pilot_long_enough)"},
                      sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / f"{group.name}-{digest}.json"

@@ -148,6 +148,15 @@ def cpu_device_for(weight_bytes: float, kv_cache_bytes: int) -> DeviceSpec:
     return replace(calibrate_cpu(), hbm_bytes=int(weight_bytes + kv_cache_bytes))
 
 
+def is_pilot_long_enough(features: LoadFeatures, horizon_s: float, settings: HarnessSettings) -> bool:
+    """Whether a pilot of `horizon_s` (arrivals and drain) lets its mean request finish on time: TTFT plus its mean
+    output at the TPOT SLO. A shorter one scores the start of each request and never the queue that long answers
+    build: on the simulated die's 32B kind, 8 s pilots of 577-token answers at a 68 ms TPOT put one replica's knee
+    near 27 requests a second, and the GP then saw one replica hold loads the device misses entirely; the scaler
+    sized that kind short (docs/bench/sim.md, run 29)."""
+    return settings.ttft_slo_ms / 1e3 + features.output_len_mean * settings.tpot_slo_ms / 1e3 <= horizon_s
+
+
 def capacity_rps(roofline: RooflineModel, mix: LengthMix, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
     """Largest per-replica request rate at which the roofline still attains 0.5 (bisection in log space)."""
     def ok(rate: float) -> bool:
@@ -305,6 +314,7 @@ class Profiler:
         start_rps until it fails, then bisect in log space. Returns the rate, the pilot runs (`on_run` is
         called with each as it ends) and their elasticity samples (source "pilot"): the bisection measures the
         knee densely, where the grid's few loads leave a gap and the GP drew a smooth curve through a sharp one.
+        Only pilots long enough for their requests to finish are samples (`is_pilot_long_enough`).
 
         The search starts no lower than MIN_PILOT_REQUESTS arrivals in a pilot: a pilot with no request scores 1.0
         and says nothing. (demo-small's calibrated roofline put the long mix's knee at 0, below the 100 ms TTFT
@@ -314,7 +324,9 @@ class Profiler:
         for i in range(max_runs):
             _, sample, info = self.run_point(GridPoint(rate, mix, 1), 1_000_000 + len(runs), duration_s)
             runs.append({**info, "attainment": sample.attainment})
-            samples.append(replace(sample, source="pilot"))
+            if is_pilot_long_enough(sample.features, duration_s + min(self.settings.drain_s, duration_s),
+                                    self.settings):
+                samples.append(replace(sample, source="pilot"))
             if on_run:
                 on_run(runs[-1])
             if sample.attainment >= 0.5:

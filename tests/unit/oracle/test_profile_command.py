@@ -69,6 +69,7 @@ def test_the_knee_search_starts_where_a_pilot_has_requests():
 
     profiler = Profiler.__new__(Profiler)  # no engines: run_point is the stand-in above
     profiler.run_point = run_point
+    profiler.settings = HarnessSettings()  # TTFT 100 ms + 32 tokens x 10 ms fit in a 1 s pilot: all are samples
     seen = []
     knee, runs, samples = profiler.measured_capacity_rps(MIXES[0], 1e-3, duration_s=0.5, max_runs=6,
                                                          on_run=seen.append)
@@ -101,6 +102,23 @@ def test_python_m_ops_profile_is_the_hand_entry_point():
     out = subprocess.run([sys.executable, "-m", "ops.profile", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "python -m ops.profile --model demo-tiny" in out.stdout and "--clock" in out.stdout
+
+
+def test_a_pilot_too_short_for_its_answers_is_no_training_sample():
+    """A pilot scores the requests it lets finish: one whose mean answer takes longer than the pilot (TTFT plus the
+    output at the TPOT SLO) measured the start of a queue, not what the load does to it."""
+    from contracts import LoadFeatures
+    from oracle.profile.harness import is_pilot_long_enough
+
+    settings = HarnessSettings(ttft_slo_ms=100.0, tpot_slo_ms=10.0)
+
+    def load(output_len_mean):
+        return LoadFeatures(token_rate_tps=1e4, input_len_mean=200.0, input_len_var=1e4,
+                            output_len_mean=output_len_mean)
+
+    assert is_pilot_long_enough(load(32.0), 1.0, settings)  # 0.1 + 0.32 s
+    assert not is_pilot_long_enough(load(577.0), 1.0, settings)  # 0.1 + 5.77 s
+    assert is_pilot_long_enough(load(577.0), 8.0, settings)
 
 
 def test_small_helpers():
