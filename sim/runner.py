@@ -100,8 +100,8 @@ class ScenarioSpec:
     device_effects: str = "off"  # "on": the devices do what a roofline leaves out (sim/device_effects.py)
     oracle_cache_dir: str = "artifacts/sim-oracle"  # profiles of the simulated device (sim/oracle_training.py)
     # What the Janus systems ask: "clairvoyant" (the roofline of the cost model that times the devices; the default
-    # until the learned one meets the headline's goals: docs/bench/sim.md run 28), "learned" (GPs fitted on profiles
-    # of the simulated device, as a deployment learns) or "roofline" (the datasheet's, untrained)
+    # until the learned one meets the headline's goals on every seed: docs/bench/sim.md run 29), "learned" (GPs
+    # fitted on profiles of the simulated device, as a deployment learns) or "roofline" (the datasheet's, untrained)
     oracle: str = "clairvoyant"
 
     def build_trace(self) -> Trace:
