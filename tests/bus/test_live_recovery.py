@@ -245,7 +245,8 @@ async def test_live_recovery_after_a_shock_beside_the_simulators_prediction(nats
     window = [f"{int(t - shock):+d}:{a:.2f}" for t, a in zip(live.bin_start_s, live.shocked_series)
               if -3 <= t - shock <= 20]
     print(f"\nlive: recovery {live.recovery_s:.1f} s, {shocked} after the shock {live.shocked_attainment:.3f}, all "
-          f"{overall:.3f}, {shocked} instances at most {before} before the shock, {after} after, replay {wall_s:.0f} s\n"
+          f"{overall:.3f}, {shocked} instances at most {before} before the shock, {after} after, "
+          f"replay {wall_s:.0f} s\n"
           f"simulator: recovery {predicted.recovery_s:.1f} s, {shocked} after the shock "
           f"{predicted.shocked_attainment:.3f}\nlive per second: {' '.join(window)}")
     # more than one instance served the shocked model, and the live cluster recovered within the bound
