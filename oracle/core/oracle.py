@@ -148,9 +148,10 @@ class Oracle:
         answers: list[CapacityPrediction | None] = [None] * len(query.items)
         for model, indices in by_model.items():
             predictor = self._capacity.get(model)
-            idle = [i for i in indices if query.items[i].features.token_rate_tps <= 0 and model in self._profiles]
-            loaded = [i for i in indices if i not in set(idle)] if predictor is not None else []
-            by_roofline = [i for i in indices if i not in set(loaded)]
+            has_profile = model in self._profiles
+            loaded = [i for i in indices if predictor is not None
+                      and not (has_profile and query.items[i].features.token_rate_tps <= 0)]
+            by_roofline = sorted(set(indices) - set(loaded))
             for part, answer in ((loaded, self._gp_needs), (by_roofline, self._roofline_needs)):
                 if not part:
                     continue
