@@ -393,6 +393,7 @@ class Oracle:
         `refit_min_new_samples` more)."""
         self._num_fitted[(model, kind)] = num_samples
 
+
 def _bucket(length: float) -> int:
     return int(round(math.log1p(max(length, 0.0)) / RATIO_LENGTH_BUCKET))
 

@@ -1,7 +1,6 @@
 """The bound the planners size replica counts by uses the GP's uncertainty about the expected attainment (latent),
 not one window's label noise (predictive): with noisy labels the latent bound sits above the predictive one at every
 m, so a high target is reached with fewer replicas. The std an answer reports stays the predictive one."""
-from dataclasses import replace
 
 import pytest
 
