@@ -33,6 +33,8 @@ from .stream import STREAM_EVENT, RequestDone, RequestFailed, ResendReply, Resen
 from .telemetry import LoadFeatures, ModelLoadWindow
 from .worker import (
     DeviceInfo,
+    HoldsQuery,
+    HoldsReply,
     InstanceStatus,
     KVTarget,
     PageCounters,

@@ -86,6 +86,10 @@ def worker_resend(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.resend"
 
 
+def worker_holds(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{token(worker_id)}.holds"
+
+
 def worker_telemetry(worker_id: str) -> str:
     return f"{PREFIX}.telemetry.worker.{token(worker_id)}"
 

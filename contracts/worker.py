@@ -60,6 +60,26 @@ class PrefillDone(Message):
     handed_over_to_instance_id: str = ""
 
 
+MAX_NUM_HOLDS_IDS = 256  # one query's ids: ~20 KB at most, well inside a NATS message
+
+
+class HoldsQuery(Message):
+    """janus.worker.<worker>.holds (request/reply): which of these requests, assigned to the worker a while ago and
+    never reported by a PrefillDone, it still holds. NATS core is at-most-once: a bus failover can drop the
+    RunAssignment, or the hand-back that returns a request to the dispatcher, and then only the gateway's timeout
+    would ever end it."""
+
+    request_ids: tuple[str, ...] = Field(max_length=MAX_NUM_HOLDS_IDS)
+
+
+class HoldsReply(Message):
+    """Of the query's ids: held with nothing streamed yet (waiting), and streamed or finished (started: their
+    PrefillDone was lost). The rest the worker never received, or handed back."""
+
+    waiting_ids: tuple[str, ...] = ()
+    started_ids: tuple[str, ...] = ()
+
+
 class InstanceStatus(Message):
     """One model instance on a worker, as the heartbeat reports it."""
 

@@ -19,6 +19,8 @@ from contracts import (
     ErrorCode,
     ErrorInfo,
     GenerateRequest,
+    HoldsQuery,
+    HoldsReply,
     InstanceRecord,
     KVTarget,
     ModelState,
@@ -29,9 +31,10 @@ from contracts import (
     WorkerHeartbeat,
     subjects,
 )
+from contracts.worker import MAX_NUM_HOLDS_IDS
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
-from runtime.jetstream import instances_bucket
+from runtime.jetstream import instances_bucket, watch_all
 from runtime.liveness import PeerLiveness
 from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
@@ -57,6 +60,8 @@ DEFERRED_ASSIGN_POLL_S = 0.02
 TIMER_PERIOD_S = 0.25
 # streaming requests older than the gateway's timeout are forgotten this often (nothing else reports their end)
 STREAMING_EXPIRY_PERIOD_S = 5.0
+CONFIRM_PERIOD_S = 1.0  # how often long-unconfirmed assignments are checked (confirm_assignment_after_ms)
+CONFIRM_TIMEOUT_S = 2.0
 
 
 def now_ms() -> float:
@@ -93,7 +98,7 @@ class DispatcherService(Service):
 
     async def start(self, bus: Bus) -> None:
         kv = await instances_bucket(bus.js, self.cluster)
-        self._watcher = await kv.watchall()
+        self._watcher = await watch_all(kv)
         self._tasks.append(asyncio.create_task(self._watch_registry()))
         await bus.serve(subjects.REQ_WILDCARD, GenerateRequest, self._on_request, queue=subjects.DISPATCH_QUEUE)
         await bus.subscribe(subjects.PREFILL_DONE, PrefillDone, self._on_prefill_done, traced=False)
@@ -101,6 +106,7 @@ class DispatcherService(Service):
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         self._tasks.append(asyncio.create_task(self._timer()))
         self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
+        self._tasks.append(asyncio.create_task(self._confirm_assignments_forever()))
 
     async def stop(self) -> None:
         # a KV watcher left running makes drain() hang for 30 s
@@ -247,6 +253,40 @@ class DispatcherService(Service):
                 effects += self.core.on_instance_lost(now_ms(), instance_id)
             await self._apply(effects + self.core.on_instances(now_ms(), self._live_records()))
             await self._fail_streaming(set(lost))
+
+    async def _confirm_assignments_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CONFIRM_PERIOD_S)
+            try:
+                unconfirmed = self.core.unconfirmed(now_ms(), max_num_per_worker=MAX_NUM_HOLDS_IDS)
+                await asyncio.gather(*(self._confirm_assignments(worker_id, pairs)
+                                       for worker_id, pairs in unconfirmed.items()
+                                       if worker_id not in self._dead_workers))
+            except Exception:  # noqa: BLE001 - checked again next period
+                log.exception("checking unconfirmed assignments failed")
+
+    async def _confirm_assignments(self, worker_id: str, pairs: list[tuple[str, str]]) -> None:
+        """Ask the worker which of these it holds (contracts.HoldsQuery). One it never received, or handed back
+        with a notice we never got, goes back to the queue as a hand-back would; one it already streamed lost its
+        PrefillDone, and is taken as started. Its silence is the watchdog's to judge (_check_workers)."""
+        query = HoldsQuery(request_ids=tuple(request_id for request_id, _ in pairs))
+        try:
+            reply = await self.bus.request(subjects.worker_holds(worker_id), query, HoldsReply,
+                                           timeout_s=CONFIRM_TIMEOUT_S)
+        except BusError:
+            return
+        waiting, started = set(reply.waiting_ids), set(reply.started_ids)
+        for request_id, instance_id in pairs:
+            req = self._requests.get(request_id)
+            if request_id in waiting or req is None:
+                continue
+            is_started = request_id in started
+            log.warning("%s on %s: %s", request_id, instance_id, "streaming, but its PrefillDone was lost"
+                        if is_started else "its worker does not hold it (lost on the bus): back to the queue")
+            await self._on_prefill_done(PrefillDone(
+                request_id=request_id, model=req.model, worker_id=worker_id, instance_id=instance_id,
+                num_prompt_tokens=req.num_prompt_tokens, prefill_ms=0.0, first_token_unix_ms=now_ms(),
+                ok=is_started, failure="handed_back"), None)
 
     async def _fail_streaming(self, instance_ids: set[str]) -> None:
         """Requests past their first token cannot move: their clients get a clear error."""

@@ -23,7 +23,7 @@ from contracts import (
     subjects,
 )
 from runtime.bus import Bus, BusError, Envelope
-from runtime.jetstream import instances_bucket
+from runtime.jetstream import instances_bucket, watch_all
 from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -65,8 +65,8 @@ class ReconcilerService(Elected, Service):
         self._tasks.append(asyncio.create_task(self._periodic()))
 
     async def stop(self) -> None:
+        await cancel_and_wait(*self._tasks, what="reconciler")  # first: _periodic would start the watch again
         await self._stop_watch()
-        await cancel_and_wait(*self._tasks, what="reconciler")
         await self.end_campaign()
 
     async def _on_leadership(self, is_leader: bool) -> None:
@@ -92,8 +92,25 @@ class ReconcilerService(Elected, Service):
 
     async def _watch_from_snapshot(self) -> None:
         await self._stop_watch()
-        self._watcher = await self._kv.watchall()
+        self._watcher = await watch_all(self._kv)
         self._watch_task = asyncio.create_task(self._watch_registry(self._watcher))
+
+    def _is_watching(self) -> bool:
+        return self._watch_task is not None and not self._watch_task.done()
+
+    async def _ensure_watching(self) -> None:
+        """A new term whose watch could not be set up (JetStream electing for longer than `watch_all` waits) left
+        no registry watch: every activation then looked 'not ready' and was taken down again. Start it over."""
+        if self._is_watching():
+            return
+        async with self._lock:
+            if self._is_watching():  # a new term's handler, holding the lock, was setting one up
+                return
+            log.warning("reconciler: no registry watch running: starting one from a fresh snapshot")
+            self.core = Reconciler(self.policy.reconciler)
+            await self._watch_from_snapshot()
+        if self.is_leader():
+            await self._resume_plans()
 
     async def _stop_watch(self) -> None:
         if self._watcher is not None:  # a KV watcher left running makes drain() hang for 30 s
@@ -133,6 +150,11 @@ class ReconcilerService(Elected, Service):
     async def _periodic(self) -> None:
         while True:
             await asyncio.sleep(self.policy.reconcile_period_s)
+            try:
+                await self._ensure_watching()
+            except Exception:  # noqa: BLE001 - tried again next period
+                log.warning("reconciler: registry watch not started", exc_info=True)
+                continue
             if not self.is_leader():
                 continue
             try:

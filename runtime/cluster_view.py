@@ -66,10 +66,10 @@ class ClusterView:
     async def _watch(self, js) -> None:
         # The readers' NATS users (gateway, operator) may not create the bucket: wait for a worker or the dispatcher
         # to, in the background, so that a view attached first (or to an empty cluster) still starts.
-        from runtime.jetstream import open_kv
+        from runtime.jetstream import open_kv, watch_all
 
         kv = await open_kv(js, subjects.INSTANCES_BUCKET)
-        self._watcher = await kv.watchall()
+        self._watcher = await watch_all(kv)
         async for entry in self._watcher:
             if entry is None:
                 continue

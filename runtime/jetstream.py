@@ -47,6 +47,18 @@ async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = 
     return await _retrying(once, f"KV bucket {bucket}", timeout_s)
 
 
+async def kv_put(kv, key: str, value: bytes, *, timeout_s: float = 20.0) -> int:
+    """Put, waiting out a stream without a leader: a bucket created a moment ago on a three-node cluster, or one
+    whose leader's node was just lost, answers "no responders" until its replicas elect one (seconds)."""
+    return await _retrying(lambda: kv.put(key, value), f"KV put {key}", timeout_s)
+
+
+async def watch_all(kv, *, timeout_s: float = 30.0):
+    """A watcher over every key, from a snapshot: creating its consumer is a JetStream request, which times out
+    while the bucket's stream elects a leader (its node lost)."""
+    return await _retrying(kv.watchall, "a KV watch", timeout_s)
+
+
 async def open_kv(js, bucket: str, *, interval_s: float = 0.5):
     """The bucket, once someone has created it: for readers (the gateway's status page, `janus status`) whose NATS
     user may not create buckets. Waits for it as long as it takes (cancel to stop)."""

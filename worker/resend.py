@@ -1,13 +1,14 @@
 """janus.worker.<w>.resend on the bus: a gateway that lost stream events (NATS core is at-most-once; a bus failover
 can drop messages in flight) asks the worker that streamed them for everything from its next expected seq. The
 answers come from the worker's `StreamLog` (worker/core/stream_log.py); this module only moves messages.
+janus.worker.<w>.holds: a dispatcher asks the same log which of its long-unconfirmed assignments the worker holds.
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from contracts import ResendReply, ResendRequest, subjects
+from contracts import HoldsQuery, HoldsReply, ResendReply, ResendRequest, subjects
 from runtime.bus import BusError, Envelope
 
 if TYPE_CHECKING:
@@ -51,6 +52,12 @@ class ResendServer:
                     return ResendReply(request_id=ask.request_id, is_known=False)
                 events += theirs.events
         return self.fitting_reply(ask.request_id, events)
+
+    async def holds(self, ask: HoldsQuery, env: Envelope) -> HoldsReply:
+        """Which of a dispatcher's long-unconfirmed assignments this worker still holds (contracts.HoldsQuery)."""
+        started = {rid: self.svc.stream_log.has_started(rid) for rid in ask.request_ids}
+        return HoldsReply(waiting_ids=tuple(rid for rid, s in started.items() if s is False),
+                          started_ids=tuple(rid for rid, s in started.items() if s))
 
     def fitting_reply(self, request_id: str, events: list) -> ResendReply:
         """The events in order, cut to a prefix that fits one message (the gateway asks again for the rest)."""

@@ -21,6 +21,7 @@ from contracts import (
     CancelRequest,
     ErrorCode,
     ErrorInfo,
+    HoldsQuery,
     InstanceRecord,
     InstanceRole,
     LifecycleAction,
@@ -38,7 +39,7 @@ from contracts import (
 from runtime import tracing
 from runtime.bus import Bus, BusError, Envelope
 from runtime.catalog import max_model_len, model_dir
-from runtime.jetstream import instances_bucket
+from runtime.jetstream import instances_bucket, kv_put
 from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -113,6 +114,7 @@ class WorkerService(Service):
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
         await bus.subscribe(subjects.worker_cmd(self.worker_id), LifecycleCommand, self._on_command)
         await bus.serve(subjects.worker_resend(self.worker_id), ResendRequest, self.resends.answer)
+        await bus.serve(subjects.worker_holds(self.worker_id), HoldsQuery, self.resends.holds)
         self._tasks.append(asyncio.create_task(self._publish_outputs()))
         # alive from the first moment: loading takes seconds, and a silent worker with records is a dead one
         self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
@@ -240,6 +242,9 @@ class WorkerService(Service):
         return time.time() * 1e3
 
     async def on_transition(self, inst: ModelInstance, event: LifecycleEvent) -> None:
+        log.info("%s: %s %s -> %s%s%s", self.worker_id, inst.instance_id, event.from_state.value,
+                 event.to_state.value, f" ({event.reason})" if event.reason else "",
+                 f"; {len(inst.in_flight)} in flight" if inst.in_flight else "")
         # the record first: leaving ACTIVE must stop admissions before anything else happens
         if event.to_state == ModelState.COLD:
             await self._delete_record(inst)
@@ -314,7 +319,7 @@ class WorkerService(Service):
                                 role=inst.role, pool=inst.pool_kind, state=inst.state, is_ready=inst.is_ready,
                                 prefill_tokens_per_s=getattr(stats, "prefill_tokens_per_s", None),
                                 max_num_seqs=self.cluster.workers.max_num_seqs, updated_unix_ms=self.now_unix_ms())
-        await self._kv.put(subjects.instance_key(inst.instance_id), record.model_dump_json().encode())
+        await kv_put(self._kv, subjects.instance_key(inst.instance_id), record.model_dump_json().encode())
 
     async def _delete_record(self, inst: ModelInstance) -> None:
         with contextlib.suppress(Exception):

@@ -35,6 +35,8 @@ _DECODING_ROLES = (InstanceRole.DECODE, InstanceRole.COLOCATED)
 class _InFlight:
     job: Job
     instance_id: str
+    worker_id: str
+    assigned_ms: float
 
 
 class DispatcherCore:
@@ -253,6 +255,19 @@ class DispatcherCore:
     def inflight_ids(self) -> list[str]:
         return list(self._inflight)
 
+    def unconfirmed(self, now_ms: float, *, max_num_per_worker: int) -> dict[str, list[tuple[str, str]]]:
+        """Per worker, the (request id, instance id) pairs assigned there at least `confirm_assignment_after_ms` ago
+        and never reported by a PrefillDone, oldest first: what the shell asks the worker about (HoldsQuery)."""
+        oldest_ms = now_ms - self.policy.confirm_assignment_after_ms
+        out: dict[str, list[tuple[str, str]]] = {}
+        for request_id, inflight in self._inflight.items():  # in assignment order, on one monotone clock
+            if inflight.assigned_ms > oldest_ms:
+                break
+            ids = out.setdefault(inflight.worker_id, [])
+            if len(ids) < max_num_per_worker:
+                ids.append((request_id, inflight.instance_id))
+        return out
+
     # ------------------------------------------------------------------ internals
 
     def _advance(self, now_ms: float) -> float:
@@ -308,7 +323,7 @@ class DispatcherCore:
     def _assign(self, now: float, job: Job, record: InstanceRecord, predicted_ms: float) -> Assign:
         request = job.request
         done_ms = self._view.ledger(record.instance_id).assign(now, request.request_id, predicted_ms)
-        self._inflight[request.request_id] = _InFlight(job, record.instance_id)
+        self._inflight[request.request_id] = _InFlight(job, record.instance_id, record.worker_id, now)
         decode = None
         if record.role == InstanceRole.COLOCATED:
             if self.reads_colocated_backlog:

@@ -86,6 +86,14 @@ class DispatchPolicy(BaseModel):
         description="dispatches of one request; an instance that dies (or fails a prefill) before the first token "
         "costs one",
     )
+    confirm_assignment_after_ms: float = Field(
+        default=5_000.0,
+        gt=0,
+        description="an assignment with no PrefillDone this long is checked with its worker (janus.worker.<w>.holds): "
+        "one a bus failover dropped, or whose hand-back it dropped, goes back to the queue, rather than waiting out "
+        "the gateway's request timeout. Longer than a queued request's usual wait at its instance (LST-IMH sends "
+        "work to instances about to be free), so a healthy cluster is rarely asked",
+    )
     window_s: float = Field(default=5.0, gt=0, description="length of the sliding load window the planners read: "
                             "2 s of a bursty model is mostly noise (docs/sim.md)")
     publish_period_ms: float = Field(default=500.0, gt=0, description="how often a load window is published")

@@ -121,6 +121,14 @@ class StreamLog:
         events = tuple(e for e in log.events if e.seq >= from_seq)
         return ResendAnswer(True, events, log.handed_to_worker_id, log.next_seq)
 
+    def has_started(self, request_id: str) -> bool | None:
+        """None: not known (never taken, handed back, or forgotten); False: taken, nothing streamed yet; True:
+        something streamed, or finished."""
+        log = self._logs.get(request_id)
+        if log is None:
+            return None
+        return log.finished_s is not None or log.next_seq > log.first_seq
+
     def expire(self, now_s: float) -> int:
         """Forget requests finished more than `retain_s` ago. Returns how many."""
         num = 0

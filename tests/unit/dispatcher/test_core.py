@@ -223,6 +223,19 @@ def test_a_request_whose_instance_dies_before_its_first_token_goes_elsewhere():
     assert "a" in placed(core.on_request(30.0, request("y", 30.0, tokens=10))).values()
 
 
+def test_assignments_unconfirmed_for_long_are_listed_per_worker_oldest_first():
+    core = make_core(confirm_assignment_after_ms=5000.0)
+    core.on_instances(0.0, [record("a"), record("b", model="other")])
+    for rid, at_ms, model in (("r0", 0.0, "m"), ("o0", 500.0, "other"), ("r1", 1000.0, "m"), ("r2", 3000.0, "m")):
+        assert len(assigns(core.on_request(at_ms, request(rid, at_ms, tokens=10, model=model)))) == 1
+    assert core.unconfirmed(4999.0, max_num_per_worker=8) == {}
+    assert core.unconfirmed(6000.0, max_num_per_worker=8) == {"w-a": [("r0", "a"), ("r1", "a")],
+                                                               "w-b": [("o0", "b")]}
+    core.on_prefill_done(6500.0, "a", "r0")  # confirmed after all
+    assert core.unconfirmed(9000.0, max_num_per_worker=8)["w-a"] == [("r1", "a"), ("r2", "a")]
+    assert core.unconfirmed(9000.0, max_num_per_worker=1)["w-a"] == [("r1", "a")]
+
+
 def test_attempts_are_bounded():
     core = make_core(max_num_attempts=2)
     core.on_instances(0.0, [record("a"), record("b")])

@@ -70,6 +70,20 @@ def test_a_handed_back_request_is_forgotten_and_a_failed_one_is_kept():
     assert log.resend("bad", 0).events == ()
 
 
+def test_has_started_tells_a_waiting_request_from_one_that_streamed_and_one_handed_back():
+    log = StreamLog(retain_s=10.0)
+    for rid in ("waiting", "streaming", "done", "back"):
+        log.open(rid)
+    log.record("streaming", [_chunk("streaming", 0)], now_s=0.0)
+    log.record("done", [_chunk("done", 0), _done("done", 1)], now_s=0.0)
+    log.forget("back")
+    log.open("decode", first_seq=1)  # P/D decode side: nothing of its own streamed yet
+    assert {rid: log.has_started(rid) for rid in ("waiting", "streaming", "done", "back", "decode", "never")} == {
+        "waiting": False, "streaming": True, "done": True, "back": None, "decode": False, "never": None}
+    log.expire(now_s=11.0)
+    assert log.has_started("done") is None and log.has_started("streaming") is True
+
+
 def test_memory_is_bounded_oldest_finished_first_then_the_oldest_running_events():
     log = StreamLog(max_num_events=10)
     for k, rid in enumerate(("old", "newer")):
