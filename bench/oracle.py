@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contracts import ElasticityItem, ElasticityQuery  # noqa: E402
 from oracle.core import ModelProfile, Oracle, OraclePolicy, TrainingSet  # noqa: E402
+from oracle.training_files import load_training_set  # noqa: E402
 from oracle.core.features import capacity_inputs, elasticity_inputs  # noqa: E402
 from oracle.roofline import Efficiency, RooflineModel  # noqa: E402
 from oracle.specs import DeviceSpec, ModelShape  # noqa: E402
@@ -241,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-speed", action="store_true", help="also compare GP optimisers (L-BFGS vs Adam)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
-    ts = TrainingSet.load(args.profile[0])
+    ts = load_training_set(args.profile[0])
     for path in args.profile[1:]:
-        other = TrainingSet.load(path)
+        other = load_training_set(path)
         if (other.ttft_slo_ms, other.tpot_slo_ms) != (ts.ttft_slo_ms, ts.tpot_slo_ms):
             raise SystemExit(f"{path}: other SLOs than {args.profile[0]}: profiles of one model, same SLOs only")
         ts.extend(in_units_of(ts, other))

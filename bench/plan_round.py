@@ -1,7 +1,7 @@
 """The cost of one LST-IMH round on rounds recorded from the simulator, against another commit's planner.
 
 Runs Janus in the simulator over the first --window-s seconds of the headline workload, records the inputs and the
-decision of every --sample-th round (`dispatcher.core.planner.plan_round`), then times this tree's `plan_round` on
+decision of every --sample-th round (`dispatcher.core.round.plan_round`), then times this tree's `plan_round` on
 them. With --against REF it loads REF's `dispatcher/core` (git archive, imported under another name) and times its
 `plan_round` on the same rounds in the same process, and checks that both decide every round alike.
 
@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import dispatcher.core.core as core_module  # noqa: E402
-from dispatcher.core.planner import plan_round  # noqa: E402
+from dispatcher.core.round import plan_round  # noqa: E402
 
 
 def record_rounds(window_s: float, sample: int) -> list[tuple]:
@@ -56,7 +56,7 @@ def record_rounds(window_s: float, sample: int) -> list[tuple]:
 
 
 def planner_at(ref: str):
-    """`dispatcher.core.planner` as it was at commit `ref`, imported as a separate package."""
+    """The LST-IMH round (`dispatcher.core.round`, once `.planner`) as it was at commit `ref`, as a separate package."""
     tar = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", ref, "dispatcher/core"], check=True,
                          capture_output=True).stdout
     folder = Path(tempfile.mkdtemp(prefix="janus-planner-"))
@@ -65,7 +65,8 @@ def planner_at(ref: str):
     package = types.ModuleType("planner_at_ref")
     package.__path__ = [str(folder / "dispatcher" / "core")]
     sys.modules["planner_at_ref"] = package
-    return importlib.import_module("planner_at_ref.planner")
+    named = "round" if (folder / "dispatcher" / "core" / "round.py").exists() else "planner"  # its name until a2b3238
+    return importlib.import_module(f"planner_at_ref.{named}")
 
 
 def _fields(decision) -> tuple:

@@ -13,7 +13,7 @@ from runtime.settings import DEVICE_ENV, JanusSettings
 # Commands whose implementation lives with its package: name -> "module:function(argv) -> int"
 DELEGATED = {
     "sim": ("sim.cli:main", "run the cluster simulator on a trace, with baselines and plots"),
-    "replay": ("sim.replay:main", "send a trace open-loop to a live gateway and report what clients saw"),
+    "replay": ("sim.trace_client:main", "send a trace open-loop to a live gateway and report what clients saw"),
     "audit": ("planner.audit:main", "follow or replay the plan audit stream (JetStream PLANS)"),
     "status": ("runtime.status:main", "devices, resident models, pools, replicas and queues"),
 }

@@ -41,7 +41,7 @@ from runtime.service import Service
 from runtime.settings import ClusterConfig, JanusSettings
 
 from . import metrics
-from .core import ModelProfile, OraclePolicy, TrainingSet, UnknownModelError, calibrated_profile
+from .core import ModelProfile, OraclePolicy, UnknownModelError, calibrated_profile
 from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
 from .core.fitlog import FitLog
 from .cpu_device import calibrate_cpu
@@ -49,6 +49,7 @@ from .gp import gp_oracle
 from .refit import BackgroundRefitter, SharedOracle
 from .roofline import Efficiency, RooflineModel
 from .specs import DeviceSpec, ModelShape, h200
+from .training_files import load_training_set
 
 log = logging.getLogger("janus.oracle")
 
@@ -181,7 +182,7 @@ class OracleService(Service):
     def _load_training_set(self, path: Path, expected: str | None) -> None:
         """Load one training set; a file that cannot be read or is not a training set is one log line."""
         try:
-            training_set = TrainingSet.load(path)
+            training_set = load_training_set(path)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             reason = " ".join(str(exc).split())[:300] or type(exc).__name__
             log.error("oracle: skipping training set %s: %s", path, reason)

@@ -1,15 +1,12 @@
 """Device specs and model shapes: the plain numbers the roofline model, the simulator and the planners start from.
 
 Pure and torch-free, no clock. Every device figure says where it comes from (see docs/oracle.md, "Device specs"):
-measured here (`reference/h200-limits.json`; this CPU: oracle/cpu_device.py, calibrate_cpu), a vendor datasheet, or
+measured here (one H200's copy bandwidths; this CPU: oracle/cpu_device.py, calibrate_cpu), a vendor datasheet, or
 a stated assumption.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Mapping
 
 GIB = 2**30
@@ -47,31 +44,17 @@ class DeviceSpec:
         return self.peak_bf16_flops_per_s / self.hbm_bytes_per_s
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get("JANUS_SHARED_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared"
+# Copy bandwidths measured on one H200 (pinned host->device; in-device copy), GB/s: docs/oracle.md, "Devices".
+H200_MEASURED_GBPS = {"h2d_pinned": 55.2, "d2d": 3823.1}
 
 
-def _h200_measured() -> dict[str, float]:
-    """Copy bandwidths measured on one H200 (reference/h200-limits.json); the same figures as a fallback when the
-    shared folder is absent, so the spec never depends on the file being there."""
-    measured = {"h2d_pinned": 55.2, "d2d": 3823.1}
-    path = _shared_dir() / "reference" / "h200-limits.json"
-    try:
-        measured.update(json.loads(path.read_text())["bandwidth_GBps"])
-    except (OSError, KeyError, ValueError):
-        pass
-    return measured
-
-
-def h200() -> DeviceSpec:
+def h200(measured_GBps: Mapping[str, float] | None = None) -> DeviceSpec:
     """NVIDIA H200 SXM. HBM size and speeds from NVIDIA's datasheet (141 GB HBM3e = 143,771 MiB as nvidia-smi reports
     it, 4.8 TB/s, 989 TFLOP/s dense BF16); pinned host->device and in-device copy measured here; NVLink 4 gives
     450 GB/s per direction to a peer; disk is one PCIe 4.0 NVMe drive (~7 GB/s), an assumption. Network: one
-    400 Gb/s RDMA NIC per GPU (as in DGX H200) at the efficiency the host link measured here (55/64), an assumption."""
-    measured = _h200_measured()
+    400 Gb/s RDMA NIC per GPU (as in DGX H200) at the efficiency the host link measured here (55/64), an assumption.
+    `measured_GBps`: figures measured on another H200, by the same keys ("h2d_pinned", "d2d")."""
+    measured = {**H200_MEASURED_GBPS, **(measured_GBps or {})}
     return DeviceSpec(
         name="nvidia-h200",
         hbm_bytes=143_771 * MIB,
@@ -82,7 +65,7 @@ def h200() -> DeviceSpec:
         disk_bytes_per_s=7e9,
         local_copy_bytes_per_s=measured["d2d"] * 1e9,
         net_bytes_per_s=50e9 * 55 / 64,
-        source="NVIDIA H200 datasheet; h2d and local copy measured (reference/h200-limits.json)",
+        source="NVIDIA H200 datasheet; h2d and local copy measured on one H200",
     )
 
 

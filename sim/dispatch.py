@@ -14,7 +14,7 @@ from contracts import InstanceRecord, InstanceRole, InstanceStatus, ModelLoadWin
 from contracts import WorkerHeartbeat
 from dispatcher.core import Assign, DispatcherCore, DispatchPolicy, DispatchRequest, PublishLoad, Reject
 
-from .engine import Sim
+from .event_loop import Sim
 from .executor import SimInstance
 
 _ROLE = {"colocated": InstanceRole.COLOCATED, "prefill": InstanceRole.PREFILL, "decode": InstanceRole.DECODE}

@@ -12,7 +12,7 @@
 - The layout profiled is the one the elastic scaler runs: it asks the oracle about m instances in all and splits
   them with `planner.core.split_prefill_decode` (colocated below `min_num_disaggregated`, else prefill and decode
   instances), so each grid point at m runs that split, with the KV hand-off over the device link
-  (oracle/profile/replay.py). Profiled colocated, a busy model's learned attainment plateaued below the target
+  (oracle/profile/virtual_clock.py). Profiled colocated, a busy model's learned attainment plateaued below the target
   where Janus serves it disaggregated (docs/bench/sim.md, run 24).
 - The replica counts: the device plan's (1, 2, 4, 8), and for a kind whose busiest first-minute window the
   datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most `MAX_PROFILED_REPLICAS`
@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from oracle.core.dataset import TrainingSet
+from oracle.training_files import load_training_set
 from oracle.core.oracle import Oracle, calibrated_profile
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
@@ -196,7 +197,7 @@ def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: Profi
     plan = plan_for(scenario, group, plan, elastic)
     path = cache_path(scenario, group, plan, Path(cache_dir), elastic)
     if path.exists():
-        return TrainingSet.load(path)
+        return load_training_set(path)
     cost = scenario.cost(group.apps[0])
     effects = replace(scenario.effects, seed=scenario.effects.seed + 7919)  # its own draws, not the run's
 

@@ -62,7 +62,7 @@ class _LastStep:
 
 
 class SimulatedEngine:
-    """A replica on the simulated device (the `EngineLike` of oracle/profile/replay.py). Tokens are ids of 1."""
+    """A replica on the simulated device (the `EngineLike` of oracle/profile/virtual_clock.py). Tokens are ids of 1."""
 
     def __init__(self, cost: StepCost, effects: DeviceEffects, clock: DeviceClock, stream: str,
                  max_num_batched_tokens: int = 8192):

@@ -23,17 +23,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, PrefillDone, RunAssignment, subjects
-from runtime.bus import BusError, Envelope
+from runtime.bus import Bus, BusError, Envelope
 
 from .core.streaming import RequestTrack, emissions_for, failure
 from .lifecycle.instance import ModelInstance, Reservation
 from .lifecycle.kv_transfer import write_kv_blocks
-
-if TYPE_CHECKING:
-    from .service import WorkerService
+from .transfer import MooncakeTransfer
 
 log = logging.getLogger("janus.worker.pd")
 
@@ -42,13 +40,32 @@ HANDOFF_TIMEOUT_S = 5.0
 RESERVATION_TTL_S = 120.0  # a reservation whose hand-over never came (the prefill worker died) is freed
 
 
+class PrefillDecodeHost(Protocol):
+    """What the P/D flow needs of the worker shell (WorkerService), and nothing more."""
+
+    worker_id: str
+    bus: Bus
+    transfer: MooncakeTransfer | None  # None where Mooncake cannot run: P/D falls back to running in full
+    pages: Any  # the worker's xTensor (worker.xtensor.XTensor): the KV write reads the prefill's blocks from it
+
+    def instance_of(self, track: RequestTrack) -> ModelInstance | None: ...
+
+    async def send(self, track: RequestTrack, events: list) -> None:
+        """Log, then publish, a request's events to its client."""
+
+    def track(self, inst: ModelInstance, track: RequestTrack) -> None:
+        """Take the request in: its events are logged for resends from now on."""
+
+    def wake_engines(self) -> None: ...
+
+
 def is_unresolved(target: KVTarget) -> bool:
     return not target.block_offsets_bytes
 
 
 class PrefillDecodeFlow:
-    def __init__(self, service: "WorkerService") -> None:
-        self.svc = service
+    def __init__(self, host: PrefillDecodeHost) -> None:
+        self.host = host
         self.num_handoffs = 0
         self.num_local_fallbacks = 0
         self.handoff_ms: list[float] = []  # first token -> decode admitted, per request (for the bench)
@@ -61,13 +78,13 @@ class PrefillDecodeFlow:
         engine = inst.engine
         if target is not None and is_unresolved(target) and hasattr(engine, "add_prefill_request"):
             try:
-                target = await self.svc.bus.request(
+                target = await self.host.bus.request(
                     subjects.worker_run(target.decode_worker_id),
                     RunAssignment(request=req, instance_id=target.decode_instance_id, phase="decode",
                                   dispatched_unix_ms=_now_ms(), dispatcher_id=run.dispatcher_id),
                     KVTarget, timeout_s=RESERVE_TIMEOUT_S)
             except BusError as exc:
-                log.warning("%s: decode instance %s cannot take %s (%s): running it in full", self.svc.worker_id,
+                log.warning("%s: decode instance %s cannot take %s (%s): running it in full", self.host.worker_id,
                             target.decode_instance_id, req.request_id, exc.error.message)
                 target = None
             if track.is_finished:  # handed back (a drain) while we waited: D's reservation expires or is reused
@@ -82,28 +99,28 @@ class PrefillDecodeFlow:
         """The prefill's one output: first token to the client, then the KV and the request go to D. A request
         that ended at its first token (max_tokens 1, a stop token or string) ends here, and D forgets its blocks."""
         if out.is_finished:
-            emission = emissions_for(track, out, worker_id=self.svc.worker_id, now_unix_ms=now_ms)
+            emission = emissions_for(track, out, worker_id=self.host.worker_id, now_unix_ms=now_ms)
             if emission.prefill_done is not None:
-                await self.svc.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
-            await self.svc.send(track, emission.to_client)
+                await self.host.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+            await self.host.send(track, emission.to_client)
             # "whoever holds the request stops work on it": D holds a reservation; the dispatchers are done with it
-            await self.svc.bus.publish(subjects.CANCEL, CancelRequest(request_id=track.request_id,
+            await self.host.bus.publish(subjects.CANCEL, CancelRequest(request_id=track.request_id,
                                                                       reason="ended at its first token"),
                                        propagate=False)
             return
         first = dataclasses.replace(out, is_finished=False, finish_reason=None)
-        emission = emissions_for(track, first, worker_id=self.svc.worker_id, now_unix_ms=now_ms)
+        emission = emissions_for(track, first, worker_id=self.host.worker_id, now_unix_ms=now_ms)
         if emission.prefill_done is not None:
-            await self.svc.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
-        await self.svc.send(track, emission.to_client)
+            await self.host.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+        await self.host.send(track, emission.to_client)
         track.extra["phase"] = "handoff"
         asyncio.create_task(self._hand_off(track, out))
 
     async def _hand_off(self, track: RequestTrack, out: Any) -> None:
         """Write the KV into D's blocks, hand the request over, and only then let go of our own blocks: until D
         says yes, this instance can still finish the request itself."""
-        svc = self.svc
-        inst = svc.instance_of(track)
+        host = self.host
+        inst = host.instance_of(track)
         target: KVTarget = track.extra["target"]
         req = track.extra["request"]
         engine = inst.engine
@@ -112,13 +129,13 @@ class PrefillDecodeFlow:
         started = time.perf_counter()
         if track.is_cancelled:
             engine.release_kv_blocks(rid)
-            await svc.send(track, [failure(track, ErrorInfo(code=ErrorCode.CANCELLED, message="cancelled"))])
+            await host.send(track, [failure(track, ErrorInfo(code=ErrorCode.CANCELLED, message="cancelled"))])
             return
         try:
-            await asyncio.to_thread(write_kv_blocks, svc.pages, engine, out.kv_block_ids, target, svc.transfer,
-                                    is_local=target.decode_worker_id == svc.worker_id)
+            await asyncio.to_thread(write_kv_blocks, host.pages, engine, out.kv_block_ids, target, host.transfer,
+                                    is_local=target.decode_worker_id == host.worker_id)
         except Exception as exc:  # noqa: BLE001 - keep the request here instead
-            log.warning("%s: KV write for %s failed: %s", svc.worker_id, rid, exc)
+            log.warning("%s: KV write for %s failed: %s", host.worker_id, rid, exc)
             await self._continue_here(track, out, engine, req, first_token)
             return
         handoff = RunAssignment(
@@ -126,16 +143,16 @@ class PrefillDecodeFlow:
             instance_id=target.decode_instance_id, phase="decode", kv_target=target,
             dispatched_unix_ms=track.first_token_unix_ms or _now_ms())
         try:
-            await svc.bus.request(subjects.worker_run(target.decode_worker_id), handoff, KVTarget,
+            await host.bus.request(subjects.worker_run(target.decode_worker_id), handoff, KVTarget,
                                   timeout_s=HANDOFF_TIMEOUT_S)
         except BusError as exc:
             if exc.error.code == ErrorCode.TIMEOUT:  # D may have taken it: two streams must never interleave
                 engine.release_kv_blocks(rid)
-                await svc.send(track, [failure(track, ErrorInfo(
+                await host.send(track, [failure(track, ErrorInfo(
                     code=ErrorCode.INSTANCE_FAILED, retryable=False,
                     message=f"decode instance {target.decode_instance_id} did not answer the hand-over"))])
                 return
-            log.warning("%s: hand-over of %s refused (%s): decoding here", svc.worker_id, rid, exc.error.message)
+            log.warning("%s: hand-over of %s refused (%s): decoding here", host.worker_id, rid, exc.error.message)
             await self._continue_here(track, out, engine, req, first_token)
             return
         engine.release_kv_blocks(rid)
@@ -144,13 +161,13 @@ class PrefillDecodeFlow:
         del self.handoff_ms[:-4096]
         track.is_finished = True  # D streams the rest; this worker is done with it
         track.extra["handed_to"] = target.decode_worker_id  # resends of later events are D's to answer
-        await svc.send(track, [])
+        await host.send(track, [])
         # tell the dispatchers who streams the request now (its fate follows D's, not ours)
-        notice = PrefillDone(request_id=rid, model=track.model, worker_id=svc.worker_id,
+        notice = PrefillDone(request_id=rid, model=track.model, worker_id=host.worker_id,
                              instance_id=track.instance_id, num_prompt_tokens=track.num_prompt_tokens,
                              prefill_ms=0.0, first_token_unix_ms=track.first_token_unix_ms or _now_ms(),
                              handed_over_to_instance_id=target.decode_instance_id)
-        await svc.bus.publish(subjects.PREFILL_DONE, notice, propagate=False)
+        await host.bus.publish(subjects.PREFILL_DONE, notice, propagate=False)
 
     async def _continue_here(self, track: RequestTrack, out: Any, engine: Any, req: Any, first_token: int) -> None:
         """The KV could not go to D: decode on this instance from its own held blocks."""
@@ -165,24 +182,24 @@ class PrefillDecodeFlow:
             await asyncio.to_thread(engine.write_kv_blocks, blocks, data)
             engine.add_decode_request(rid, list(req.prompt_token_ids), first_token, req.sampling, blocks)
         except Exception as exc:  # noqa: BLE001
-            await self.svc.send(track, [failure(track, ErrorInfo(
+            await self.host.send(track, [failure(track, ErrorInfo(
                 code=ErrorCode.INSTANCE_FAILED, message=f"prefill done but the decode could not start: {exc}"))])
             return
         track.extra["phase"] = "decode"
-        self.svc.wake_engines()
+        self.host.wake_engines()
 
     # ---- decode side ------------------------------------------------------------------------------------------
     async def serve_decode(self, run: RunAssignment, env: Envelope, inst: ModelInstance | None) -> None:
         """A reservation request (no kv_target) or a hand-over (kv_target set); answers on env.reply."""
         if inst is None or inst.engine is None or not hasattr(inst.engine, "reserve_kv_blocks"):
-            raise BusError.of(ErrorCode.NO_INSTANCE, f"{run.instance_id} cannot decode on {self.svc.worker_id}",
+            raise BusError.of(ErrorCode.NO_INSTANCE, f"{run.instance_id} cannot decode on {self.host.worker_id}",
                               retryable=True)
         if run.kv_target is None:
             target = self._reserve(run, inst)
         else:
             target = self._admit(run, inst)
         if env.reply:
-            await self.svc.bus.publish(env.reply, target, propagate=False)
+            await self.host.bus.publish(env.reply, target, propagate=False)
 
     def _reserve(self, run: RunAssignment, inst: ModelInstance) -> KVTarget:
         req = run.request
@@ -200,8 +217,8 @@ class PrefillDecodeFlow:
         if blocks is None:
             raise BusError.of(ErrorCode.OVERLOADED, f"{inst.instance_id} has no KV blocks for "
                               f"{req.num_prompt_tokens} tokens now", retryable=True)
-        target = KVTarget(decode_worker_id=self.svc.worker_id, decode_instance_id=inst.instance_id,
-                          transfer_session=self.svc.transfer.session if self.svc.transfer else "",
+        target = KVTarget(decode_worker_id=self.host.worker_id, decode_instance_id=inst.instance_id,
+                          transfer_session=self.host.transfer.session if self.host.transfer else "",
                           block_offsets_bytes=engine.kv_block_global_offsets(blocks),
                           block_num_bytes=engine.kv_block_num_bytes)
         inst.reservations[req.request_id] = Reservation(req.request_id, tuple(blocks), req.num_prompt_tokens, target,
@@ -229,8 +246,8 @@ class PrefillDecodeFlow:
                              started_unix_ms=_now_ms(), want_logprobs=req.sampling.logprobs,
                              next_seq=1, num_output_tokens=1, first_token_unix_ms=run.dispatched_unix_ms)
         track.extra["phase"] = "decode"
-        self.svc.track(inst, track)
-        self.svc.wake_engines()
+        self.host.track(inst, track)
+        self.host.wake_engines()
         return reservation.target
 
     def release_reservation(self, inst: ModelInstance, request_id: str) -> bool:
@@ -238,13 +255,13 @@ class PrefillDecodeFlow:
             return False
         if inst.engine is not None:
             inst.engine.abort(request_id)  # frees a reservation the hand-over never used
-            self.svc.wake_engines()
+            self.host.wake_engines()
         return True
 
     def expire_reservations(self, inst: ModelInstance, now_monotonic_s: float, ttl_s: float = RESERVATION_TTL_S) -> int:
         stale = [rid for rid, r in inst.reservations.items() if now_monotonic_s - r.created_monotonic_s > ttl_s]
         for rid in stale:
-            log.warning("%s: reservation of %s expired without a hand-over", self.svc.worker_id, rid)
+            log.warning("%s: reservation of %s expired without a hand-over", self.host.worker_id, rid)
             self.release_reservation(inst, rid)
         return len(stale)
 

@@ -6,13 +6,12 @@ janus.worker.<w>.holds: a dispatcher asks the same log which of its long-unconfi
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from contracts import HoldsQuery, HoldsReply, ResendReply, ResendRequest, subjects
-from runtime.bus import BusError, Envelope
+from runtime.bus import Bus, BusError, Envelope
 
-if TYPE_CHECKING:
-    from .service import WorkerService
+from .core.stream_log import StreamLog
 
 log = logging.getLogger("janus.worker.resend")
 
@@ -21,9 +20,17 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 HEADROOM_BYTES = 4096  # headers and framing around the payload
 
 
+class ResendHost(Protocol):
+    """What answering resends needs of the worker shell (WorkerService), and nothing more."""
+
+    worker_id: str
+    bus: Bus
+    stream_log: StreamLog
+
+
 class ResendServer:
-    def __init__(self, service: "WorkerService") -> None:
-        self.svc = service
+    def __init__(self, host: ResendHost) -> None:
+        self.host = host
         self.num_answered = 0
         self.num_unknown = 0
 
@@ -33,7 +40,7 @@ class ResendServer:
         the decode worker, so a gateway that lost all of the decode side's events (it only knows the prefill
         worker, named in chunk 0) still gets them."""
         self.num_answered += 1
-        answer = self.svc.stream_log.resend(ask.request_id, ask.from_seq)
+        answer = self.host.stream_log.resend(ask.request_id, ask.from_seq)
         if not answer.is_known:
             self.num_unknown += 1
             return ResendReply(request_id=ask.request_id, is_known=False)
@@ -41,10 +48,10 @@ class ResendServer:
         if answer.handed_to_worker_id:
             rest = ResendRequest(request_id=ask.request_id, from_seq=max(ask.from_seq, answer.next_seq))
             try:
-                theirs = await self.svc.bus.request(subjects.worker_resend(answer.handed_to_worker_id), rest,
+                theirs = await self.host.bus.request(subjects.worker_resend(answer.handed_to_worker_id), rest,
                                                     ResendReply, timeout_s=FORWARD_TIMEOUT_S)
             except BusError as exc:  # unreachable for now: answer our part, the gateway asks again
-                log.info("%s: resend of %s from %s failed: %s", self.svc.worker_id, ask.request_id,
+                log.info("%s: resend of %s from %s failed: %s", self.host.worker_id, ask.request_id,
                          answer.handed_to_worker_id, exc.error.message)
             else:
                 if not theirs.is_known:
@@ -55,13 +62,13 @@ class ResendServer:
 
     async def holds(self, ask: HoldsQuery, env: Envelope) -> HoldsReply:
         """Which of a dispatcher's long-unconfirmed assignments this worker still holds (contracts.HoldsQuery)."""
-        started = {rid: self.svc.stream_log.has_started(rid) for rid in ask.request_ids}
+        started = {rid: self.host.stream_log.has_started(rid) for rid in ask.request_ids}
         return HoldsReply(waiting_ids=tuple(rid for rid, s in started.items() if s is False),
                           started_ids=tuple(rid for rid, s in started.items() if s))
 
     def fitting_reply(self, request_id: str, events: list) -> ResendReply:
         """The events in order, cut to a prefix that fits one message (the gateway asks again for the rest)."""
-        limit = int(getattr(self.svc.bus.nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD_BYTES) - HEADROOM_BYTES
+        limit = int(getattr(self.host.bus.nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD_BYTES) - HEADROOM_BYTES
         reply = ResendReply(request_id=request_id, is_known=True, events=tuple(events))
         while len(events) > 1 and len(reply.model_dump_json()) > limit:
             events = events[: len(events) // 2]

@@ -18,7 +18,7 @@ from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .jobs import Job
 from .least_load import LeastLoadIndex
 from .load_window import LoadWindow
-from .planner import plan_round
+from .round import plan_round
 from .poison import is_poison, note_instance_failure, poison_message
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel

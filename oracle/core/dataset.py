@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from contracts import LoadFeatures, NeedVector
@@ -86,12 +85,17 @@ class TrainingSet:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed training set: {exc}") from exc
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainingSet":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def from_json(cls, text: str) -> "TrainingSet":
+        """The set in `text`; ValueError if it is not one (malformed JSON included). Files: oracle/training_files.py."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"malformed training set: {exc}") from exc
+        return cls.from_dict(raw)
 
     def extend(self, other: "TrainingSet") -> None:
         if other.model != self.model:

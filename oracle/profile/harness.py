@@ -20,6 +20,7 @@ import numpy as np
 from contracts import LoadFeatures, SamplingParams
 
 from ..core.dataset import CapacitySample, ElasticitySample, TrainingSet
+from ..training_files import save_training_set
 from ..core.oracle import roofline_meta
 from ..cpu_device import calibrate_cpu
 from ..roofline import Efficiency, RooflineModel
@@ -27,7 +28,7 @@ from ..specs import DeviceSpec, ModelShape
 from .calibrate import StepSample, fit_efficiency
 from .grid import GridPoint, LengthMix
 from .measure import attainment, replica_needs
-from .replay import run_virtual
+from .virtual_clock import run_virtual
 from .step_cost import fit_step_cost, measure_step_costs
 from .workload import SyntheticRequest, synth_requests
 
@@ -417,7 +418,7 @@ def profile_model(profiler: Profiler, grid: Sequence[GridPoint], model: str | No
             if on_point:
                 on_point(index, info)
             if out_path:
-                out.save(out_path)
+                save_training_set(out, out_path)
             progress.update(task, advance=1, description=f"{point.mix.name} m={point.num_replicas} "
                                                          f"{point.rate_rps:.1f} rps -> {sample.attainment:.2f}")
     return out

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..core.dataset import ElasticitySample, TrainingSet
+from ..training_files import save_training_set
 from .grid import GridPoint, LengthMix
 from .harness import (
     DEFAULT_MIXES,
@@ -209,7 +210,7 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
         training_set.elasticity.extend(pilot_samples)
         elapsed = time.perf_counter() - started
         training_set.meta["elapsed_s"] = round(elapsed, 1)
-        training_set.save(partial)
+        save_training_set(training_set, partial)
         os.replace(partial, out)
         progress.update(task, completed=total, description=f"{name}: done")
     return ProfileResult(training_set, out, elapsed, capacities)

@@ -34,7 +34,7 @@ from contracts import (
     WorkerHeartbeat,
     subjects,
 )
-from oracle.core import TrainingSet
+from oracle.training_files import load_training_set, save_training_set
 from oracle.profile.grid import GridPoint, LengthMix, load_grid
 from oracle.profile.synthetic import roofline_training_set
 from oracle.roofline import RooflineModel
@@ -68,7 +68,7 @@ def state_dir(tmp_path_factory) -> Path:
                                          attainment_noise=0.01, seed=1)
     path = root / "oracle" / f"{MODEL}.json"
     path.parent.mkdir(parents=True)
-    training_set.save(path)
+    save_training_set(training_set, path)
     return root
 
 
@@ -118,7 +118,7 @@ async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_f
     from planner.shell import publish_event
 
     path = state_dir / "oracle" / f"{MODEL}.json"
-    file_points = len(TrainingSet.load(path).elasticity)
+    file_points = len(load_training_set(path).elasticity)
     cluster = ClusterConfig.model_validate({
         "models": [{"name": MODEL, "path": str(demo_models_dir / MODEL), "ttft_slo_ms": TTFT_SLO_MS,
                     "tpot_slo_ms": TPOT_SLO_MS}],

@@ -12,6 +12,7 @@ from oracle.profile.grid import GridPoint, LengthMix, load_grid
 from oracle.profile.synthetic import roofline_training_set
 from oracle.roofline import RooflineModel
 from oracle.specs import h200, model_shape
+from oracle.training_files import save_training_set
 from runtime.service import run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.polling import wait_for
@@ -40,8 +41,7 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
     (tmp_path / "oracle").mkdir()
     roofline = RooflineModel(h200(), model_shape("qwen2-0.5b"))
     grid = load_grid([5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560], [CHAT], [1, 2])  # 20 >= refit_min_new_samples
-    roofline_training_set(MODEL, roofline, grid, attainment_noise=0.02, seed=2, **SLO).save(
-        tmp_path / "oracle" / f"{MODEL}.json")
+    save_training_set(roofline_training_set(MODEL, roofline, grid, attainment_noise=0.02, seed=2, **SLO), tmp_path / "oracle" / f"{MODEL}.json")
     (tmp_path / "oracle" / f"{COLD}.json").write_text("{truncated")
 
     tiny = str(demo_models_dir / "demo-tiny")

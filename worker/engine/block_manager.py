@@ -1,4 +1,7 @@
-"""KV blocks carved out of pages. The scheduler only calls `allocate(...) -> new block ids | None` and `free`.
+"""KV blocks carved out of pages, and the one owner of each request's block table: the scheduler, the engine and
+the n-samples fork change a sequence's `block_ids` only through `grow`, `release` and `fork` (as vLLM v1 gives one
+KV cache manager the tables); `allocate`, `share` and `free` work on bare id lists (P/D reservations, the padding
+block).
 
 A block id is `page_index * blocks_per_page + slot`: blocks never straddle pages, because two pages adjacent in
 the engine's reserved range need not be adjacent in the device's global region (a remote peer writes a block by
@@ -8,7 +11,11 @@ so other models on the device can take the memory. Torch-free.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
+
+
+class HasBlockTable(Protocol):
+    block_ids: list[int]  # the request's KV blocks, in token order
 
 
 class BlockManager:
@@ -91,6 +98,38 @@ class BlockManager:
                 raise ValueError(f"block {block_id} is not allocated")
             self._num_extra_holders[block_id] = self._num_extra_holders.get(block_id, 0) + 1
         return list(block_ids)
+
+    # ---- a request's block table --------------------------------------------------------------------------------
+    def grow(self, seq: HasBlockTable, num_tokens: int) -> bool:
+        """Blocks for the first `num_tokens` tokens of `seq`, appended to its table; False, taking nothing, when
+        there are not enough."""
+        new_blocks = self.allocate(seq.block_ids, num_tokens)
+        if new_blocks is None:
+            return False
+        seq.block_ids.extend(new_blocks)
+        return True
+
+    def release(self, seq: HasBlockTable) -> None:
+        """Give back every block of `seq` (a shared one only once its last holder lets go); its table is empty."""
+        if seq.block_ids:
+            self.free(seq.block_ids)
+            seq.block_ids = []
+
+    def fork(self, parent: HasBlockTable, child: HasBlockTable, num_tokens: int,
+             copy_block: Callable[[int, int], None]) -> bool:
+        """`child` holds the first `num_tokens` of `parent`'s KV: the full blocks shared, a partial last block copied
+        (`copy_block(src, dst)`), as the n samples of one prompt do. False, holding nothing, when no block is free
+        for the copy."""
+        num_full = num_tokens // self.block_size
+        blocks = self.share(parent.block_ids[:num_full])
+        partial = self.allocate(blocks, num_tokens) if num_tokens % self.block_size else []
+        if partial is None:
+            self.free(blocks)
+            return False
+        if partial:
+            copy_block(parent.block_ids[num_full], partial[0])
+        child.block_ids = blocks + partial
+        return True
 
     def num_holders(self, block_id: int) -> int:
         return 1 + self._num_extra_holders.get(block_id, 0) if self.is_allocated(block_id) else 0

@@ -39,7 +39,6 @@ class ChoicesMixin:
     def _fork(self, parent: Sequence) -> list[Sequence]:
         bm = self.block_manager
         n_prompt = parent.num_prompt_tokens
-        num_full = n_prompt // bm.block_size
         children = []
         for index in range(1, parent.num_forks_pending + 1):
             sampling = parent.sampling
@@ -50,16 +49,11 @@ class ChoicesMixin:
                              group_id=parent.request_id, index=index)
             self._register(child)
             self._groups[parent.request_id].append(child)
-            blocks = bm.share(parent.block_ids[:num_full])
-            partial = bm.allocate(blocks, n_prompt) if n_prompt % bm.block_size else []
-            if partial is None:  # no block for the copy: recompute the prompt later, as a preempted request does
-                bm.free(blocks)
+            if not bm.fork(parent, child, n_prompt, self.kv_cache.copy_block):
+                # no block for the copy: recompute the prompt later, as a preempted request does
                 child.status = SequenceStatus.WAITING
                 self.scheduler.waiting.appendleft(child)
             else:
-                if partial:
-                    self.kv_cache.copy_block(parent.block_ids[num_full], partial[0])
-                child.block_ids = blocks + partial
                 child.num_computed_tokens = n_prompt
                 child.status = SequenceStatus.RUNNING
                 self.scheduler.running.append(child)

@@ -351,9 +351,7 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
         """Take a request out of the engine and give its blocks back."""
         if seq.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING):
             self.scheduler.remove(seq)
-        if seq.block_ids:
-            self.block_manager.free(seq.block_ids)
-            seq.block_ids = []
+        self.block_manager.release(seq)
         seq.status = SequenceStatus.FINISHED
         rid = seq.request_id
         self._seqs.pop(rid, None)

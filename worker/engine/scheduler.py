@@ -49,7 +49,8 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a request out of the waiting or running queue (finished, aborted or held). Its KV blocks stay with
-        it: the engine frees them (engine.py), or keeps them until a P/D hand-over has sent them (pd.py)."""
+        it: the engine releases them (`BlockManager.release`), or keeps them until a P/D hand-over has sent them
+        (pd.py)."""
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING:
@@ -75,10 +76,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             seq = self.waiting[0]
             num_new = min(seq.num_uncomputed_tokens, budget)
-            new_blocks = self.block_manager.allocate(seq.block_ids, seq.num_computed_tokens + num_new)
-            if new_blocks is None:
+            if not self.block_manager.grow(seq, seq.num_computed_tokens + num_new):
                 break
-            seq.block_ids.extend(new_blocks)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -91,9 +90,7 @@ class Scheduler:
         """Blocks for `num_new` more tokens of `seq`, preempting from the back of the running list as needed.
         False when `seq` itself had to go."""
         while True:
-            new_blocks = self.block_manager.allocate(seq.block_ids, seq.num_computed_tokens + num_new)
-            if new_blocks is not None:
-                seq.block_ids.extend(new_blocks)
+            if self.block_manager.grow(seq, seq.num_computed_tokens + num_new):
                 return True
             victim = self.running.pop()
             self._preempt(victim)
@@ -102,8 +99,7 @@ class Scheduler:
                 return False
 
     def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free(seq.block_ids)
-        seq.block_ids = []
+        self.block_manager.release(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.jobs import Job
-from dispatcher.core.planner import plan_round, plan_round_general
+from dispatcher.core.round import plan_round, plan_round_general
 from dispatcher.core.policy import DispatchPolicy, OverloadPolicy
 
 from .helpers import request

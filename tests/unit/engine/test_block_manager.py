@@ -58,6 +58,28 @@ def test_refuses_without_taking_anything():
     assert bm2.num_free_blocks == 8
 
 
+class Table:
+    def __init__(self) -> None:
+        self.block_ids: list[int] = []
+
+
+def test_a_request_table_grows_forks_and_is_released_only_through_the_manager():
+    bm = _manager(PagePool(8), max_pages=2, bpp=4, block_size=8)  # 8 blocks in all
+    parent, child, starved = Table(), Table(), Table()
+    assert bm.grow(parent, 20) and parent.block_ids == [0, 1, 2]
+    copies: list[tuple[int, int]] = []
+    assert bm.fork(parent, child, 20, lambda src, dst: copies.append((src, dst)))
+    assert child.block_ids == [0, 1, 3] and copies == [(2, 3)], "two full blocks shared, the partial one copied"
+    assert bm.num_holders(0) == 2 and bm.num_holders(2) == 1
+    assert not bm.grow(starved, 8 * 5) and starved.block_ids == [], "4 blocks free: 5 refused, nothing taken"
+    assert bm.grow(starved, 8 * 4) and not bm.fork(parent, Table(), 20, lambda src, dst: None)
+    assert bm.num_holders(0) == 2, "a refused fork let go of the blocks it had shared"
+    for table in (parent, starved, child):
+        bm.release(table)
+        assert table.block_ids == []
+    assert bm.num_used_blocks == 0
+
+
 def test_empty_pages_go_back_to_the_pool_beyond_the_cache():
     pool = PagePool(8)
     bm = _manager(pool, cached=1)

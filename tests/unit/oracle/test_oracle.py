@@ -8,7 +8,8 @@ import pytest
 
 from contracts import (CapacityItem, CapacityQuery, ElasticityItem, ElasticityQuery, LoadFeatures, ModelLoadWindow,
                        NeedVector)
-from oracle.core import Oracle, OraclePolicy, TrainingSet, UnknownModelError
+from oracle.core import Oracle, OraclePolicy, UnknownModelError
+from oracle.training_files import load_training_set, save_training_set
 from oracle.core.dataset import ElasticitySample
 from oracle.gp import gp_oracle
 from oracle.refit import BackgroundRefitter, SharedOracle
@@ -216,10 +217,10 @@ def test_a_failed_refit_keeps_the_previous_model(profile):
 
 def test_training_set_round_trips_through_json(tmp_path, training_set):
     path = tmp_path / "set.json"
-    training_set.save(path)
-    again = TrainingSet.load(path)
+    save_training_set(training_set, path)
+    again = load_training_set(path)
     assert again.model == training_set.model and again.ttft_slo_ms == training_set.ttft_slo_ms
     assert again.capacity == training_set.capacity and again.elasticity == training_set.elasticity
     path.write_text('{"format": "something-else"}')
     with pytest.raises(ValueError, match="format"):
-        TrainingSet.load(path)
+        load_training_set(path)

@@ -9,6 +9,7 @@ import pytest
 
 from contracts import ElasticityItem, ElasticityQuery, LoadFeatures
 from oracle.core import ModelProfile, Oracle, TrainingSet, calibrated_profile, roofline_meta
+from oracle.training_files import load_training_set, save_training_set
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.synthetic import roofline_training_set
 from oracle.roofline import Efficiency, RooflineModel
@@ -61,8 +62,8 @@ def test_a_training_set_carries_its_fitted_roofline_back_as_a_calibrated_profile
     fitted = RooflineModel(device("ascend-910c-die"), model_shape("qwen2.5-32b"), tp=2,
                            efficiency=Efficiency(mfu=0.41, mbu=0.66, step_overhead_ms=1.5))
     grid = [GridPoint(rate, LengthMix("chat", 800, 0.5, 200), m) for rate in (2.0, 8.0) for m in (1, 2)]
-    roofline_training_set("big", fitted, grid, 1_000.0, 50.0).save(tmp_path / "big.json")
-    loaded = TrainingSet.load(tmp_path / "big.json")
+    save_training_set(roofline_training_set("big", fitted, grid, 1_000.0, 50.0), tmp_path / "big.json")
+    loaded = load_training_set(tmp_path / "big.json")
     profile = calibrated_profile(loaded, 1_000.0, 50.0)
     assert profile is not None and profile.is_calibrated and profile.roofline.tp == 2
     assert profile.roofline.efficiency == fitted.efficiency and profile.roofline.device == fitted.device

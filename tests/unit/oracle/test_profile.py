@@ -119,7 +119,7 @@ def engines(demo_models_dir):
 
 def test_virtual_replicas_serve_every_request_on_their_own_clocks(engines):
     from oracle.profile.harness import step_probe
-    from oracle.profile.replay import run_virtual
+    from oracle.profile.virtual_clock import run_virtual
 
     workload = synth_requests(GridPoint(40.0, MIX, 2), 1.0, seed=1, max_prompt_len=200, max_output_len=20)
     result = run_virtual(engines, workload, engines[0].model_config.vocab_size, end_s=60.0, probe=step_probe,
@@ -140,7 +140,7 @@ def test_virtual_replicas_serve_every_request_on_their_own_clocks(engines):
 
 def test_virtual_run_stops_at_its_end_and_counts_the_rest_late(engines):
     from oracle.profile.harness import step_probe
-    from oracle.profile.replay import run_virtual
+    from oracle.profile.virtual_clock import run_virtual
 
     workload = synth_requests(GridPoint(400.0, MIX, 1), 1.0, seed=2, max_prompt_len=200, max_output_len=20)
     result = run_virtual(engines[:1], workload, engines[0].model_config.vocab_size, end_s=0.5, probe=step_probe,

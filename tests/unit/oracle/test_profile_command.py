@@ -10,6 +10,7 @@ import pytest
 
 from ops.cli import main
 from oracle.core import OraclePolicy, TrainingSet
+from oracle.training_files import load_training_set, save_training_set
 from oracle.core.dataset import ElasticitySample
 from oracle.profile.grid import LengthMix
 from oracle.profile.harness import HarnessSettings, stratified_grid
@@ -185,7 +186,7 @@ def test_janus_profile_writes_the_training_set_under_the_state_dir(tmp_path, cap
     assert lines[-1].startswith("janus profile: my-tiny: 6 points and 2 knee-search runs (8 elasticity, 9 capacity "
                                 "samples) in ")
     assert lines[-1].endswith(f" -> {path}")
-    ts = TrainingSet.load(path)
+    ts = load_training_set(path)
     assert ts.model == "my-tiny" and (ts.ttft_slo_ms, ts.tpot_slo_ms) == (100.0, 10.0)
     assert sorted({s.num_replicas for s in ts.elasticity}) == [1, 2]
     harness = ts.meta["harness"]
@@ -210,7 +211,7 @@ class Recorder:
             state = Path(cmd[cmd.index("--state-dir") + 1])
             name = cmd[cmd.index("--model") + 1]
             (state / "oracle").mkdir(parents=True, exist_ok=True)
-            TrainingSet(model=name).save(state / "oracle" / f"{name}.json")
+            save_training_set(TrainingSet(model=name), state / "oracle" / f"{name}.json")
         return CompletedProcess(cmd, self.rc)
 
 
@@ -238,7 +239,7 @@ def test_first_start_profiles_only_what_is_missing_and_survives_a_failure(tmp_pa
     from ops import launcher
 
     (tmp_path / "oracle").mkdir()
-    TrainingSet(model="demo-tiny").save(tmp_path / "oracle" / "demo-tiny.json")
+    save_training_set(TrainingSet(model="demo-tiny"), tmp_path / "oracle" / "demo-tiny.json")
     failing = Recorder(rc=1)
     monkeypatch.setattr(launcher.subprocess, "run", failing)
     cluster = ClusterConfig(models=[ModelSpec(name="demo-tiny", demo="demo-tiny"),

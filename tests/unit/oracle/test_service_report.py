@@ -10,6 +10,7 @@ from contracts import ModelLoadWindow
 from oracle.profile.grid import GridPoint, LengthMix, load_grid
 from oracle.profile.synthetic import roofline_training_set
 from oracle.service import OracleService, _RecordedRefits
+from oracle.training_files import save_training_set
 from runtime.metrics import REGISTRY
 from runtime.settings import ClusterConfig, JanusSettings, ModelSpec
 from tests.scrape import samples
@@ -34,16 +35,16 @@ def make_service(tmp_path, models, **oracle):
 def test_default_training_sets_load_and_bad_files_are_one_log_line(tmp_path, roofline, caplog):
     folder = tmp_path / "oracle"
     folder.mkdir()
-    training_set("rep-good", roofline).save(folder / "rep-good.json")
+    save_training_set(training_set("rep-good", roofline), folder / "rep-good.json")
     (folder / "rep-garbled.json").write_text("{not json")
     (folder / "rep-list.json").write_text("[1, 2]")
     (folder / "rep-wrongformat.json").write_text(json.dumps({"format": "something-else"}))
     bad_sample = training_set("rep-badsample", roofline).to_dict()
     bad_sample["elasticity"][0]["features"]["token_rate_tps"] = "fast"
     (folder / "rep-badsample.json").write_text(json.dumps(bad_sample))
-    training_set("somebody-else", roofline).save(folder / "rep-other.json")  # under another model's name
+    save_training_set(training_set("somebody-else", roofline), folder / "rep-other.json")  # under another model's name
     named = tmp_path / "named.json"
-    training_set("rep-named", roofline).save(named)
+    save_training_set(training_set("rep-named", roofline), named)
     models = ["rep-good", "rep-garbled", "rep-list", "rep-wrongformat", "rep-badsample", "rep-other", "rep-none"]
     svc = make_service(tmp_path, models, training_sets=[str(named), str(folder / "rep-good.json")])
     with caplog.at_level(logging.INFO, logger="janus.oracle"):
@@ -64,7 +65,7 @@ def test_default_training_sets_load_and_bad_files_are_one_log_line(tmp_path, roo
 async def test_refits_and_windows_show_in_health_and_metrics(tmp_path, roofline):
     folder = tmp_path / "oracle"
     folder.mkdir()
-    training_set("rep-gp", roofline).save(folder / "rep-gp.json")
+    save_training_set(training_set("rep-gp", roofline), folder / "rep-gp.json")
     svc = make_service(tmp_path, ["rep-gp", "rep-cold"])
     svc._load_profiles()
     svc._observe_status()

@@ -75,7 +75,7 @@ class RateTimer:
 def test_a_step_cost_clock_makes_the_replay_independent_of_the_machines_speed(engine):
     from oracle.profile.harness import step_probe
     from oracle.profile.measure import attainment
-    from oracle.profile.replay import run_virtual
+    from oracle.profile.virtual_clock import run_virtual
 
     cost = StepCostModel((2e-3, 2e-5, 1e-4, 3e-7, 1e-8))
     workload = synth_requests(GridPoint(150.0, MIX, 1), 1.0, seed=4, max_prompt_len=200, max_output_len=20)

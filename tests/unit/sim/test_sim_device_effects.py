@@ -10,7 +10,7 @@ from oracle.specs import device, model_shape
 from sim.costmodel import StepCost
 from sim.device_effects import DeviceEffects, StepEffects
 from sim.dispatch import CoreDispatch
-from sim.engine import Sim
+from sim.event_loop import Sim
 from sim.requests import RequestTable
 from sim.trace import Trace
 

@@ -10,7 +10,7 @@ from oracle.roofline import RooflineModel
 from oracle.specs import device, model_shape
 from sim.costmodel import StepCost
 from sim.dispatch import CoreDispatch
-from sim.engine import Sim
+from sim.event_loop import Sim
 from sim.executor import Executor, decode_on_time
 from sim.metrics import on_time_tokens
 from sim.requests import RequestTable

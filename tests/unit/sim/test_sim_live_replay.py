@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.replay import ClientRecord, error_code_of, main, outcomes_from_records, parse_sse_line, tokens_in_chunk
+from sim.trace_client import ClientRecord, error_code_of, main, outcomes_from_records, parse_sse_line, tokens_in_chunk
 from sim.trace import Trace
 
 from .shared_data import needs_traces

@@ -1,6 +1,6 @@
 """The simulated Janus's oracle profiles the layout its elastic scaler runs (sim/oracle_training.py): m instances in
 all, split into prefill and decode instances by planner.core's own rule from `min_num_disaggregated` on, with the
-KV cache handed over the device link (oracle/profile/replay.py); and the replica counts its telemetry asks for."""
+KV cache handed over the device link (oracle/profile/virtual_clock.py); and the replica counts its telemetry asks for."""
 from dataclasses import replace
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from contracts import SamplingParams
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
-from oracle.profile.replay import run_virtual
+from oracle.profile.virtual_clock import run_virtual
 from oracle.specs import device, model_shape
 from planner.core import ElasticPolicy
 from planner.core.elastic import split_prefill_decode
