@@ -94,7 +94,7 @@ def serve_source(device: str, num_bytes: int, model: str | None) -> None:
     decoding a batch so its TPOT can be watched. Talks over stdin/stdout lines."""
     import torch
 
-    from worker.transfer import MooncakeTransfer
+    from worker.dataplane.transfer import MooncakeTransfer
     from worker.xtensor import XTensor, XTensorConfig
 
     torch.set_num_threads(1)
@@ -146,7 +146,7 @@ def bench_fork(device: str, num_bytes: int, repeats: int, tpot_model: str | None
 
     from contracts import ForkSource, WeightSegment
     from worker.lifecycle.fork import pull_weights
-    from worker.transfer import MooncakeTransfer
+    from worker.dataplane.transfer import MooncakeTransfer
     from worker.xtensor import XTensor, XTensorConfig
 
     args = [sys.executable, __file__, "--serve-source", "--device", device, "--fork-mib", str(num_bytes // MiB)]
@@ -252,7 +252,7 @@ async def bench_paths(device: str, model: str, repeats: int) -> list[list]:
     from worker.engine.engine import EngineConfig, LLMEngine
     from worker.lifecycle.controller import LifecycleController
     from worker.lifecycle.instance import ModelInstance
-    from worker.transfer import MooncakeTransfer
+    from worker.dataplane.transfer import MooncakeTransfer
     from worker.xtensor import XTensor, XTensorConfig
 
     path = make_demo_models(Path(tempfile.mkdtemp(prefix="janus-bench-")), [model])[model]

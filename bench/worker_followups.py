@@ -154,7 +154,7 @@ def bench_compaction(num_rounds: int) -> None:
     import torch
 
     from contracts import InstanceRole, Pool, SamplingParams
-    from worker.compactor import Compactor
+    from worker.shell.compactor import Compactor
     from worker.core.compaction import CompactionPolicy
     from worker.engine.demo import make_demo_models
     from worker.engine.engine import EngineConfig, LLMEngine

@@ -5,7 +5,7 @@ import importlib
 import importlib.util
 
 SERVICES: dict[str, str] = {
-    "worker": "worker.service:WorkerService",
+    "worker": "worker.shell.service:WorkerService",
     "dispatcher": "dispatcher.service:DispatcherService",
     "oracle": "oracle.service:OracleService",
     "steady-planner": "planner.steady_service:SteadyPlannerService",

@@ -41,7 +41,7 @@ async def start_cluster(nats_url: str, config: dict, models_dir: Path, *, num_wo
     """worker_cls: a WorkerService subclass to run instead (e.g. one whose engine is slowed down on purpose)."""
     from dispatcher.service import DispatcherService
     from gateway.service import GatewayService
-    from worker.service import WorkerService
+    from worker.shell.service import WorkerService
 
     worker_cls = worker_cls or WorkerService
 

@@ -55,8 +55,8 @@ from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
 from tests.bus.planner_bus_helpers import serve_oracle
 from tests.unit.planner.planner_test_oracles import TableOracle
-from worker.echo_engine import EchoEngine
-from worker.service import WorkerService
+from worker.engine.echo import EchoEngine
+from worker.shell.service import WorkerService
 
 from .cluster import forget_earlier_clusters, stop_services, wait_for
 

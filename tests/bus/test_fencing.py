@@ -36,7 +36,7 @@ def _command(action: LifecycleAction, leader: Leadership, n: int) -> LifecycleCo
 
 
 async def test_a_worker_refuses_a_command_from_a_deposed_reconcilers_epoch(nats_url, bus_factory, demo_models_dir):
-    from worker.service import WorkerService
+    from worker.shell.service import WorkerService
 
     cluster = ClusterConfig.model_validate({"models": [{"name": "demo-tiny", "demo": "demo-tiny"}],
                                             "workers": {"count": 1, "engine": "echo"}})

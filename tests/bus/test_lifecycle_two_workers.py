@@ -202,7 +202,7 @@ async def _read_weights(bus_transfer, hb: WorkerHeartbeat, instance_id: str) -> 
 async def _read_replicas(settings, *replicas: tuple[WorkerHeartbeat, str]) -> list[torch.Tensor]:
     """The weights of each (heartbeat, instance) replica, read through a transfer engine of this process that
     listens as `settings` say (None: this machine only)."""
-    from worker.transfer import MooncakeTransfer
+    from worker.dataplane.transfer import MooncakeTransfer
 
     reader = MooncakeTransfer.start(settings)
     scratch = torch.zeros(1, dtype=torch.uint8)

@@ -32,8 +32,8 @@ from sim.experiments import live_shock
 from sim.metrics import on_time_tokens
 from sim.oracle_cache import CachedOracle
 from tests.bus.planner_bus_helpers import serve_oracle
-from worker.echo_engine import EchoEngine, EchoOutput
-from worker.service import WorkerService
+from worker.engine.echo import EchoEngine, EchoOutput
+from worker.shell.service import WorkerService
 
 from .cluster import forget_earlier_clusters, stop_services, wait_for
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from runtime.client import stream_completion
-from worker.service import WorkerService
+from worker.shell.service import WorkerService
 
 from .cluster import start_cluster
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from dispatcher.core.policy import DispatchPolicy
-from worker.echo_engine import EchoEngine, EchoStats
-from worker.service import WorkerService
+from worker.engine.echo import EchoEngine, EchoStats
+from worker.shell.service import WorkerService
 
 from .cluster import start_cluster, wait_until
 

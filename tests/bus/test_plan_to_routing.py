@@ -38,7 +38,7 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
     from planner.elastic_service import ElasticScalerService
     from planner.reconciler_service import ReconcilerService
     from planner.steady_service import SteadyPlannerService
-    from worker.service import WorkerService
+    from worker.shell.service import WorkerService
 
     bus = await bus_factory("routing-test")
     try:  # a fresh audit stream for this test

@@ -37,7 +37,7 @@ _ids = itertools.count()
 async def worker(nats_url, demo_models_dir):
     from runtime.service import run_service
     from runtime.settings import ClusterConfig, JanusSettings
-    from worker.service import WorkerService
+    from worker.shell.service import WorkerService
 
     cluster = ClusterConfig.model_validate({
         "models": [{"name": MODEL, "path": str(demo_models_dir / MODEL)}],

@@ -169,7 +169,7 @@ def test_the_transfer_host_is_the_interface_off_the_host_even_when_a_local_node_
     """A host running a NATS node often lists it first (nats://127.0.0.1:4222,...): loopback reaches it, and a
     worker that advertised 127.0.0.1 could be forked from by nobody on another host. The first URL that leaves the
     host decides; loopback only when every URL is on this host."""
-    probe = "import sys; from worker.transfer import host_reaching; print(host_reaching(sys.argv[1]))"
+    probe = "import sys; from worker.dataplane.transfer import host_reaching; print(host_reaching(sys.argv[1]))"
     b_node = hosts.node_of(hosts.b).url
     local_first = f"nats://127.0.0.1:4222,{b_node}"
     assert hosts.a.run(sys.executable, "-c", probe, local_first).strip() == hosts.a.address
@@ -184,7 +184,7 @@ def _segment_checksums(weights, segments) -> list[str]:
 
 
 async def test_fork_and_pd_hand_over_cross_hosts_bit_identical(hosts):
-    from worker.transfer import transfer_settings
+    from worker.dataplane.transfer import transfer_settings
 
     bus, obs = hosts.bus, hosts.obs
     await _ensure_active(hosts, A, INST_A)

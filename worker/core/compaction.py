@@ -1,5 +1,5 @@
 """When a worker compacts an instance's pages, and which ones: pure policy (plain readings in, a decision out, the
-clock passed in). The worker runs the decision between two steps of that instance's engine (worker/compactor.py).
+clock passed in). The worker runs the decision between two steps of that instance's engine (worker/shell/compactor.py).
 
 xTensor's `compact(owner, max_moves, is_kv=..., is_weights=...)` moves pages under live views (docs/xtensor.md). Its
 contract, which this policy keeps:

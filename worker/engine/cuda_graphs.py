@@ -7,7 +7,7 @@ its decode batch to the smallest bucket that fits (`ModelRunner.prepare(pad_to=.
 null block), copies its inputs into the graph's tensors and replays. The graph stops at the final hidden states;
 the head runs eagerly on the rows that sample, so no graph holds a [batch, vocab] buffer.
 
-Graphs bake in the addresses of weights and KV: a KV page source keeps its views fixed (the `worker.memory`
+Graphs bake in the addresses of weights and KV: a KV page source keeps its views fixed (the `worker.engine.memory`
 contract); after `bind_weights` to a new buffer the engine recaptures.
 """
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> tor
 class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
     """A paged-KV inference engine for one Qwen2/Llama-family model in a local Hugging Face folder.
 
-    `kv_source` / `weight_source` are the `worker.memory` interfaces (xTensor on a worker); when None, plain
+    `kv_source` / `weight_source` are the `worker.engine.memory` interfaces (xTensor on a worker); when None, plain
     pools stand behind the same interfaces. `owner` names this engine to those sources (default: a unique id).
     `load_weights=False` builds the engine without reading the checkpoint: its weight region is taken from the
     weight source but left unfilled (contents undefined) for the caller to fill (a fork's pull, a host copy) before

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from worker.memory import KVPageSource
+from .memory import KVPageSource
 
 
 @dataclass(frozen=True)

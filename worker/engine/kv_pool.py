@@ -1,4 +1,4 @@
-"""Plain page pools behind the `worker.memory` interfaces, for engines that run without xTensor.
+"""Plain page pools behind the `worker.engine.memory` interfaces, for engines that run without xTensor.
 
 `PlainKVPageSource` hands out page indices of one preallocated tensor per owner, with a shared page budget;
 `PlainWeightPageSource` allocates an ordinary tensor. Neither maps memory on demand (that is xTensor's job);

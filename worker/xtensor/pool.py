@@ -1,6 +1,6 @@
 """XTensor: one device's page pool, shared by the weights and KV caches of every model on the worker.
 
-Implements both seams of worker/memory.py (KVPageSource: kv_pages.py; WeightPageSource: weight_pages.py) for any
+Implements both seams of worker/engine/memory.py (KVPageSource: kv_pages.py; WeightPageSource: weight_pages.py) for any
 number of owners (engines), plus what the worker shell and the lifecycle layer need: heartbeat counters, the global
 region a transfer engine registers (pool_base.py), sleep/wake of an owner (lifecycle.py), and compaction: pages
 moved under live views so free pages stay in one run (compaction.py).

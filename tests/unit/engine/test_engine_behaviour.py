@@ -215,7 +215,7 @@ class _GarbagePageSource:
 
 
 def test_garbage_in_fresh_kv_pages_never_reaches_attention(tiny_model_dir, engine):
-    from worker.memory import KVPageSource
+    from worker.engine.memory import KVPageSource
 
     source = _GarbagePageSource(8, 8 << 10)
     assert isinstance(source, KVPageSource)

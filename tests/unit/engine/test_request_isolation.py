@@ -16,7 +16,7 @@ from contracts import ErrorCode, RequestFailed
 from contracts.requests import MAX_STOP_STRING_CHARS, SamplingParams
 from worker.core.streaming import RequestTrack, emissions_for
 from worker.engine import EngineConfig, LLMEngine
-from worker.engine_loop import EngineLoop
+from worker.shell.engine_loop import EngineLoop
 
 from .test_engine_behaviour import _run
 

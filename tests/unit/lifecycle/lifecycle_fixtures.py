@@ -57,7 +57,7 @@ class Worker:
                                                                    is_background_refill=is_background_refill))
         self.transfer = None
         if with_transfer:
-            from worker.transfer import MooncakeTransfer
+            from worker.dataplane.transfer import MooncakeTransfer
 
             self.transfer = MooncakeTransfer.start()
             region = self.pages.global_region

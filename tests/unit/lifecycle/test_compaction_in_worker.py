@@ -1,4 +1,4 @@
-"""Compaction wired into a worker's engine loop (worker/compactor.py): under a churn of two models (requests of both
+"""Compaction wired into a worker's engine loop (worker/shell/compactor.py): under a churn of two models (requests of both
 interleaving their KV pages; each model in turn going warm, the other serving meanwhile, then waking) the pool's
 fragmentation stays near zero, where the same churn without compaction leaves holes; every request yields the same
 tokens as on a plain engine; moved weights are advertised again at their new offsets.
@@ -16,10 +16,10 @@ from collections import defaultdict
 from lifecycle_fixtures import PAGE_BYTES, RecordingHost
 
 from contracts import LifecycleAction, SamplingParams
-from worker.compactor import Compactor
+from worker.shell.compactor import Compactor
 from worker.core.compaction import CompactionPolicy
 from worker.engine.engine import EngineConfig, LLMEngine
-from worker.engine_loop import EngineLoop
+from worker.shell.engine_loop import EngineLoop
 from worker.lifecycle.checksums import checksum
 from worker.lifecycle.parking import SteppedEngine
 

@@ -10,7 +10,7 @@ import torch
 from contracts import LifecycleAction, ModelState
 from lifecycle_fixtures import greedy_tokens
 from planner.core.cluster_view import ClusterView
-from worker.heartbeat import build_heartbeat
+from worker.shell.heartbeat import build_heartbeat
 from worker.lifecycle.host_offers import HostCopyOffers
 
 A = LifecycleAction
@@ -20,7 +20,7 @@ S = ModelState
 def _heartbeat(worker):
     instances = worker.controller.instances
     return build_heartbeat(worker.worker_id, 1, time.time() * 1e3, worker.pages, instances,
-                           worker.transfer.session, False, worker.controller.host_offers.offered())
+                           worker.dataplane.transfer.session, False, worker.controller.host_offers.offered())
 
 
 def _source_from_heartbeat(worker, target_worker: str):

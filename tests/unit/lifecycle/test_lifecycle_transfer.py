@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.transfer import MooncakeTransfer, TransferError, TransferSettings, _split
+from worker.dataplane.transfer import MooncakeTransfer, TransferError, TransferSettings, _split
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_split_cuts_long_pieces_into_chunks():
 
 
 def test_the_transfer_host_is_the_interface_that_reaches_nats_unless_set(monkeypatch):
-    from worker.transfer import host_reaching, transfer_settings
+    from worker.dataplane.transfer import host_reaching, transfer_settings
 
     monkeypatch.delenv("JANUS_TRANSFER_HOST", raising=False)
     assert transfer_settings("nats://127.0.0.1:4222").host == "127.0.0.1"

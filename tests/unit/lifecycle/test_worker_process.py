@@ -1,4 +1,4 @@
-"""Per-process settings of a worker (worker/process_env.py): torch's thread count and Mooncake's log level, the
+"""Per-process settings of a worker (worker/shell/process_env.py): torch's thread count and Mooncake's log level, the
 latter checked on the real library in a fresh process (it reads its level once, when it loads)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from worker.process_env import configure_worker_process, quiet_mooncake_logs, torch_threads_for
+from worker.shell.process_env import configure_worker_process, quiet_mooncake_logs, torch_threads_for
 
 
 def test_torch_threads_default_to_one_on_a_cpu_and_follow_the_environment():
@@ -38,7 +38,7 @@ def test_configure_applies_the_thread_count_and_keeps_an_operators_log_settings(
 
 
 _START_TRANSFER = """
-from worker.transfer import MooncakeTransfer
+from worker.dataplane.transfer import MooncakeTransfer
 t = MooncakeTransfer.start()
 print("session", t.session)
 t.close()

@@ -97,7 +97,7 @@ def test_two_workers_on_one_accelerator_when_the_config_says_so(tmp_path):
 
 
 def test_the_heartbeat_reports_the_device_the_worker_opened():
-    from worker.heartbeat import device_info
+    from worker.shell.heartbeat import device_info
     from worker.xtensor import XTensor, XTensorConfig
 
     pages = XTensor.open("cpu", 8 << 20, XTensorConfig(page_size_bytes=2 << 20))

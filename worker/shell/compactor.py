@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .core.compaction import (
+from ..core.compaction import (
     CompactionPolicy,
     OwnerReading,
     can_weights_slide,
@@ -15,8 +15,8 @@ from .core.compaction import (
     plan_compaction,
     weight_page_runs,
 )
-from .lifecycle.instance import ModelInstance
-from .lifecycle.verify import has_weights
+from ..lifecycle.instance import ModelInstance
+from ..lifecycle.verify import has_weights
 
 
 class Compactor:

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .process_env import quiet_mooncake_logs
+from ..shell.process_env import quiet_mooncake_logs
 
-log = logging.getLogger("janus.worker.transfer")
+log = logging.getLogger("janus.worker.dataplane.transfer")
 
 
 class TransferError(RuntimeError):
@@ -100,7 +100,7 @@ class MooncakeTransfer:
         settings = settings or transfer_settings("")
         if not settings.host:  # no NATS to find an interface by: this machine only
             settings = settings.model_copy(update={"host": "127.0.0.1"})
-        quiet_mooncake_logs()  # before the library loads: it reads its log level then (worker/process_env.py)
+        quiet_mooncake_logs()  # before the library loads: it reads its log level then (worker/shell/process_env.py)
         try:
             from mooncake.engine import TransferEngine
         except ImportError as exc:

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from contracts import DeviceInfo, HostCopy, InstanceStatus, ModelState, PageCounters, WorkerHeartbeat
 
-from .lifecycle.instance import ModelInstance
+from ..lifecycle.instance import ModelInstance
 
 
 def instance_status(inst: ModelInstance, host_copy: HostCopy | None = None) -> InstanceStatus:

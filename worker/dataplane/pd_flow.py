@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, PrefillDone, RunAssignment, subjects
 from runtime.bus import Bus, BusError, Envelope
 
-from .core.streaming import RequestTrack, emissions_for, failure
-from .lifecycle.instance import ModelInstance, Reservation
-from .lifecycle.kv_transfer import write_kv_blocks
+from ..core.streaming import RequestTrack, emissions_for, failure
+from ..lifecycle.instance import ModelInstance, Reservation
+from ..lifecycle.kv_transfer import write_kv_blocks
 from .transfer import MooncakeTransfer
 
 log = logging.getLogger("janus.worker.pd")

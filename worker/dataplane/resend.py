@@ -11,9 +11,9 @@ from typing import Protocol
 from contracts import HoldsQuery, HoldsReply, ResendReply, ResendRequest, subjects
 from runtime.bus import Bus, BusError, Envelope
 
-from .core.stream_log import StreamLog
+from ..core.stream_log import StreamLog
 
-log = logging.getLogger("janus.worker.resend")
+log = logging.getLogger("janus.worker.dataplane.resend")
 
 FORWARD_TIMEOUT_S = 1.0  # the gateway waits 2 s for the whole answer
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20

@@ -4,7 +4,7 @@ prefill, decode), streams tokens straight to the gateway, answers lifecycle comm
 registry records true.
 
 The shell only moves messages: lifecycle decisions come from worker/core/lifecycle.py through
-worker/lifecycle/controller.py, P/D hand-overs from worker/pd_flow.py.
+worker/lifecycle/controller.py, P/D hand-overs from worker/dataplane/pd_flow.py.
 """
 from __future__ import annotations
 
@@ -44,20 +44,20 @@ from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .compactor import Compactor
-from .core.fencing import EpochFence
-from .core.lifecycle import drain_decision
-from .core.stream_log import StreamLog
-from .core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
+from ..core.fencing import EpochFence
+from ..core.lifecycle import drain_decision
+from ..core.stream_log import StreamLog
+from ..core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
 from .engine_loop import EngineLoop
 from .heartbeat import build_heartbeat
-from .lifecycle.commands import CommandBook
-from .lifecycle.controller import LifecycleController
-from .lifecycle.instance import ModelInstance
-from .lifecycle.parking import SteppedEngine
+from ..lifecycle.commands import CommandBook
+from ..lifecycle.controller import LifecycleController
+from ..lifecycle.instance import ModelInstance
+from ..lifecycle.parking import SteppedEngine
 from .metrics import observe_heartbeat, observe_transition
-from .pd_flow import PrefillDecodeFlow
+from ..dataplane.pd_flow import PrefillDecodeFlow
 from .process_env import configure_worker_process
-from .resend import ResendServer
+from ..dataplane.resend import ResendServer
 
 log = logging.getLogger("janus.worker")
 
@@ -75,7 +75,7 @@ class WorkerService(Service):
         self.worker_id = worker_id or settings.instance
         self.device = device or cluster.workers.device  # its own one (`janus up` gives each worker one)
         self.pages = None  # worker.xtensor.XTensor, opened in start()
-        self.transfer = None  # worker.transfer.MooncakeTransfer, or None where it cannot run
+        self.transfer = None  # worker.dataplane.transfer.MooncakeTransfer, or None where it cannot run
         self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None)
         self.commands = CommandBook()
         self.fence = EpochFence()  # the newest reconciler epoch seen: older commands are refused
@@ -123,14 +123,14 @@ class WorkerService(Service):
             await self.activate(model, f"{self.worker_id}/{model}")
 
     def _open_device(self) -> None:
-        from .xtensor import XTensor, XTensorConfig
+        from ..xtensor import XTensor, XTensorConfig
 
         workers = self.cluster.workers
         config = XTensorConfig(page_size_bytes=workers.page_size_bytes)
         self.pages = XTensor.open(self.device, workers.pool_bytes, config)
         self.compactor = Compactor(self.pages)
         try:
-            from .transfer import MooncakeTransfer, TransferError, transfer_settings
+            from ..dataplane.transfer import MooncakeTransfer, TransferError, transfer_settings
 
             self.transfer = MooncakeTransfer.start(transfer_settings(self.settings.nats_url))
             region = self.pages.global_region
@@ -195,10 +195,10 @@ class WorkerService(Service):
 
     def _build_engine(self, path: Path, owner: str, load_weights: bool = True):
         if self.cluster.workers.engine == "echo":
-            from .echo_engine import EchoEngine
+            from ..engine.echo import EchoEngine
 
             return EchoEngine()
-        from .engine.engine import EngineConfig, LLMEngine
+        from ..engine.engine import EngineConfig, LLMEngine
 
         # the gateway validates against the same max_model_len (runtime.catalog), so they agree by construction
         config = EngineConfig(max_num_seqs=self.cluster.workers.max_num_seqs, max_model_len=max_model_len(path))
