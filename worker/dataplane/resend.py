@@ -13,7 +13,7 @@ from runtime.bus import Bus, BusError, Envelope
 
 from ..core.stream_log import StreamLog
 
-log = logging.getLogger("janus.worker.dataplane.resend")
+log = logging.getLogger("janus.worker.resend")
 
 FORWARD_TIMEOUT_S = 1.0  # the gateway waits 2 s for the whole answer
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20

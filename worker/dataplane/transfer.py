@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..shell.process_env import quiet_mooncake_logs
 
-log = logging.getLogger("janus.worker.dataplane.transfer")
+log = logging.getLogger("janus.worker.transfer")
 
 
 class TransferError(RuntimeError):

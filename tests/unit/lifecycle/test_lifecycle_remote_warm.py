@@ -20,7 +20,7 @@ S = ModelState
 def _heartbeat(worker):
     instances = worker.controller.instances
     return build_heartbeat(worker.worker_id, 1, time.time() * 1e3, worker.pages, instances,
-                           worker.dataplane.transfer.session, False, worker.controller.host_offers.offered())
+                           worker.transfer.session, False, worker.controller.host_offers.offered())
 
 
 def _source_from_heartbeat(worker, target_worker: str):
