@@ -12,7 +12,7 @@ from contracts import ModelLoadWindow
 from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
 
 from ..dispatch import CoreDispatch
-from ..engine import DeviceLog, Sim
+from ..event_loop import DeviceLog, Sim
 from ..executor import SimInstance
 from ..metrics import Outcomes, Summary, summarise
 from ..requests import RequestTable
