@@ -56,6 +56,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def joining_worker_id(device: str | None, host_name: str) -> str:
+    """A joining worker's id when none is given: the machine's name and its device (`gpu1-cuda3`), unique in a
+    cluster as long as machine names are."""
+    return f"{host_name}-{(device or 'worker').replace(':', '')}"
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    """`janus join`: a worker on this machine joins a running cluster (docs/operations.md, "Several machines")."""
+    import socket
+
+    device = args.device or os.environ.get(DEVICE_ENV) or None
+    args.id = args.id or joining_worker_id(device, socket.gethostname())
+    args.service, args.port = "worker", None
+    return cmd_serve(args)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from runtime.service import configure_logging
 
@@ -283,6 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "workers.device)")
     serve.add_argument("--state-dir", type=Path)
     serve.set_defaults(fn=cmd_serve)
+
+    join = sub.add_parser("join", help="run a worker on this machine in a running cluster (`janus serve worker`, "
+                          "named by the machine and its device unless --id says otherwise)")
+    join.add_argument("--nats", required=True, help="the cluster's NATS URLs, comma-separated")
+    join.add_argument("--config", type=Path, help="the cluster YAML every machine reads (default $JANUS_CONFIG)")
+    join.add_argument("--id", help="worker id, unique in the cluster (default: <machine name>-<device>)")
+    join.add_argument("--device", help=f"its device, e.g. cuda:3 (default ${DEVICE_ENV}, else workers.device)")
+    join.add_argument("--state-dir", type=Path)
+    join.set_defaults(fn=cmd_join)
 
     contracts = sub.add_parser("contracts", help="every subject with its payload's JSON schema")
     contracts.add_argument("--json", action="store_true")

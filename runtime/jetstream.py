@@ -5,6 +5,7 @@ for a while instead of failing the service at start."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from nats.errors import NoRespondersError
@@ -31,13 +32,19 @@ async def _retrying(op, what: str, timeout_s: float):
 
 async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = None, num_replicas: int = 1,
                     timeout_s: float = 30.0):
-    """The bucket, created when missing. Several services may race to create it: the loser just opens it."""
+    """The bucket, created when missing. Several services may race to create it: the loser just opens it. An
+    existing bucket whose entries expire after another `ttl_s` than asked (a lease policy changed since it was made)
+    gets the TTL asked: its entries' expiry is the stream's max age."""
 
     async def once():
         try:
-            return await js.key_value(bucket)
+            kv = await js.key_value(bucket)
         except (BucketNotFoundError, NotFoundError):
             pass
+        else:
+            if ttl_s is not None:
+                await _bring_ttl_to(js, bucket, ttl_s)
+            return kv
         try:
             return await js.create_key_value(KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s,
                                                             storage=StorageType.FILE, replicas=num_replicas))
@@ -45,6 +52,16 @@ async def ensure_kv(js, bucket: str, *, history: int = 1, ttl_s: float | None = 
             return await js.key_value(bucket)  # created meanwhile by someone else
 
     return await _retrying(once, f"KV bucket {bucket}", timeout_s)
+
+
+async def _bring_ttl_to(js, bucket: str, ttl_s: float) -> None:
+    info = await js.stream_info(f"KV_{bucket}")
+    if info.config.max_age is not None and abs(info.config.max_age - ttl_s) < 1e-3:
+        return
+    # the server refuses a duplicates window longer than the max age (a KV stream's is the TTL, or 2 min)
+    window_s = min(info.config.duplicate_window or ttl_s, ttl_s)
+    await js.update_stream(dataclasses.replace(info.config, max_age=ttl_s, duplicate_window=window_s))
+    log.warning("KV bucket %s: entries now expire after %s s (were %s s)", bucket, ttl_s, info.config.max_age)
 
 
 async def kv_put(kv, key: str, value: bytes, *, timeout_s: float = 20.0) -> int:

@@ -25,9 +25,10 @@ KV_LEASES = f"KV_{subjects.LEASES_BUCKET}"  # the planners' leader leases (plann
 
 
 def lease(role: str) -> tuple[str, ...]:
-    """A planner's campaign: create the lease bucket when first, read a lease (a refused create looks at the key),
-    and write its own role's key only: a planner cannot take, refresh or delete another role's lease."""
-    return (*js_create(KV_LEASES), *js_get(KV_LEASES), f"$KV.{subjects.LEASES_BUCKET}.{role}")
+    """A planner's campaign: create the lease bucket when first (or bring its TTL to the lease policy's), read a
+    lease (a refused create looks at the key), and write its own role's key only: a planner cannot take, refresh
+    or delete another role's lease."""
+    return (*js_configure(KV_LEASES), *js_get(KV_LEASES), f"$KV.{subjects.LEASES_BUCKET}.{role}")
 
 
 # JetStream is reached only through API subjects named after one stream, never "$JS.API.>": with the whole API a

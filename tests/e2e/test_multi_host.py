@@ -90,7 +90,9 @@ def _serve(hosts: Hosts, host: netns.Host, service: str, instance: str, config: 
     janus = Path(sys.executable).parent / "janus"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "JANUS_LOG_LEVEL": "WARNING"}
     env.pop("JANUS_TRANSFER_HOST", None)  # each worker finds its own: the interface that reaches its NATS node
-    return host.popen([str(janus), "serve", service, "--nats", hosts.node_of(host).url, "--config", str(config),
+    # worker B joins as an operator on a second machine would (`janus join`), the rest run `janus serve`
+    verb = ["join"] if instance == B else ["serve", service]
+    return host.popen([str(janus), *verb, "--nats", hosts.node_of(host).url, "--config", str(config),
                        "--id", instance, "--state-dir", str(hosts.state), *extra],
                       log=hosts.state / f"{instance}.log", env=env)
 

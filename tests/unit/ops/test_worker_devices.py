@@ -106,3 +106,22 @@ def test_the_heartbeat_reports_the_device_the_worker_opened():
     finally:
         pages.close()
     assert (info.kind, info.device, info.hbm_bytes) == ("cpu", "cpu", 8 << 20)
+
+
+def test_a_joining_worker_is_named_by_its_machine_and_device_unless_told(monkeypatch):
+    from ops.cli import build_parser, cmd_join, joining_worker_id
+
+    assert joining_worker_id("cuda:3", "gpu1") == "gpu1-cuda3"
+    assert joining_worker_id(None, "box") == "box-worker"
+    served = []
+    monkeypatch.setattr("ops.cli.cmd_serve", lambda args: served.append(args) or 0)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    args = build_parser().parse_args(["join", "--nats", "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
+                                      "--device", "cuda:1"])
+    assert cmd_join(args) == 0
+    (joined,) = served
+    assert (joined.service, joined.nats, joined.device) == ("worker", "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
+                                                              "cuda:1")
+    assert joined.id.endswith("-cuda1")
+    with pytest.raises(SystemExit):  # the cluster's URLs are what joining means
+        build_parser().parse_args(["join"])
