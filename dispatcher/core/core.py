@@ -260,9 +260,11 @@ class DispatcherCore:
         and never reported by a PrefillDone, oldest first: what the shell asks the worker about (HoldsQuery)."""
         oldest_ms = now_ms - self.policy.confirm_assignment_after_ms
         out: dict[str, list[tuple[str, str]]] = {}
-        for request_id, inflight in self._inflight.items():  # in assignment order, on one monotone clock
+        # a scan, not an early stop at the first young one: a re-assignment that kept its key's place would hide the
+        # older ones behind it, and this runs once a second over what has no first token yet
+        for request_id, inflight in self._inflight.items():
             if inflight.assigned_ms > oldest_ms:
-                break
+                continue
             ids = out.setdefault(inflight.worker_id, [])
             if len(ids) < max_num_per_worker:
                 ids.append((request_id, inflight.instance_id))
