@@ -44,6 +44,18 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
     return (num_prefill, num_instances - num_prefill)
 
 
+def shrink_prefill_first(before: PD, after: PD) -> PD:
+    """`after`'s count of instances, taking a shrink from `before` out of its prefill instances first: as many decode
+    instances as before (at least one prefill instance left), the rest prefill. An unchanged count keeps `before`'s
+    split (while the budget binds, a shrink is not undone a tick later by draining a decode instance after all). A
+    model that grows, or that was or becomes colocated, keeps `after`."""
+    total = num_devices(after)
+    if before[1] == 0 or after[1] == 0 or total > num_devices(before):
+        return after
+    num_decode = min(before[1], total - 1)
+    return (total - num_decode, num_decode)
+
+
 def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy) -> LoadFeatures:
     """The load to size replicas for: the window's token rate times `load_headroom`, plus the tokens of the
     requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging
@@ -173,6 +185,9 @@ class ElasticScaler:
         busy_set = set(busy)
         raw = {m: split_prefill_decode(allotted[m], loads[m].features, p, _measured_ratio(searches.get(m)))
                if m in busy_set else (allotted[m], 0) for m in models}
+        if is_scaled_down and p.is_budget_shrink_prefill_first:
+            raw = {m: shrink_prefill_first(self._applied.get(m, (0, 0)), pd) if allotted[m] < desired[m] else pd
+                   for m, pd in raw.items()}
 
         notes: list[str] = []
         held: set[str] = set()

@@ -126,6 +126,15 @@ class ElasticPolicy(_Policy):
         default=1.0, ge=0, description="a model with at least this many requests queued at the dispatchers per "
         "instance it has scales out at once, without waiting for a second plan to agree (0: always debounced)"
     )
+    # A decode instance being removed holds its device until its longest sequence ends (14 s on the ablation's hot
+    # model), a prefill instance frees it at once. When the budget takes devices from a disaggregated model for
+    # another, the shrink comes out of its prefill instances first, so the other model's new instances find free
+    # devices at once; the split returns to proportion once the budget no longer binds (docs/sim.md, "Where the
+    # recovery's seconds go").
+    is_budget_shrink_prefill_first: bool = Field(
+        default=True, description="a disaggregated model scaled down by the budget keeps its decode instances and "
+        "gives up prefill instances first (they free their devices at once)"
+    )
 
 
 class ReconcilerPolicy(_Policy):

@@ -164,3 +164,41 @@ def test_a_rushed_scale_out_stays_within_the_budget():
     scaler.observe(window("m", 1.0, 1_000.0).model_copy(update={"queue_depth": 40}))
     plan = scaler.tick(1_000.0, ["m"], 3).plan
     assert plan.num_devices_used <= 3 and _count(plan, "m") <= 3
+
+
+# ------------------------------------------------------------------------- a budget shrink, prefill first
+def test_shrink_prefill_first_keeps_the_decode_instances():
+    from planner.core.elastic import shrink_prefill_first
+
+    assert shrink_prefill_first((7, 3), (6, 2)) == (5, 3)  # two fewer: both from prefill
+    assert shrink_prefill_first((7, 3), (3, 1)) == (1, 3)  # at least one prefill instance stays
+    assert shrink_prefill_first((2, 2), (2, 1)) == (1, 2)
+    assert shrink_prefill_first((5, 3), (6, 2)) == (5, 3)  # the same count: the split that runs stays
+    assert shrink_prefill_first((5, 3), (7, 3)) == (7, 3)  # a model that grows takes the proportional split
+    assert shrink_prefill_first((3, 0), (1, 1)) == (1, 1)  # colocated before, or after: nothing to keep
+    assert shrink_prefill_first((7, 3), (2, 0)) == (2, 0)
+
+
+def test_a_model_the_budget_shrinks_gives_up_prefill_instances_first():
+    """A hot disaggregated model at 10 instances on a budget of 10; another model's load arrives, the budget splits
+    between them. Its decode instances stay (a decode instance drains its longest sequence before its device frees,
+    a prefill instance frees it at once), so the newcomer's instances find devices at once."""
+    def run(prefill_first: bool) -> list[tuple[int, int]]:
+        scaler = ElasticScaler(TableOracle(per_replica_tps=1000.0),
+                               bare_elastic(is_debounced=False, is_budget_shrink_prefill_first=prefill_first))
+        scaler.observe(window("hot", 15.0, 0.0))  # 9,600 tokens/s of 512 -> 128: ten instances
+        before = _target(scaler.tick(0.0, ["hot", "tail"], 10).plan, "hot")
+        scaler.observe(window("tail", 6.0, 500.0))
+        after = scaler.tick(500.0, ["hot", "tail"], 10).plan
+        again = scaler.tick(1_000.0, ["hot", "tail"], 10).plan
+        return [(before.num_prefill, before.num_decode), *((_target(p, "hot").num_prefill, _target(p, "hot").num_decode)
+                                                           for p in (after, again))]
+
+    proportional, prefill_first = run(False), run(True)
+    start = proportional[0]
+    assert start == prefill_first[0] and start[1] >= 2 and sum(start) == 10
+    shrunk = proportional[1]
+    assert sum(shrunk) < 10 and shrunk[1] < start[1], "the proportional split drains a decode instance"
+    assert sum(prefill_first[1]) == sum(shrunk) and prefill_first[1][1] == start[1], "prefill first: decode kept"
+    assert prefill_first[2] == prefill_first[1], "and kept while the budget binds"
+    assert ElasticPolicy().is_budget_shrink_prefill_first
