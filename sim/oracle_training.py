@@ -251,10 +251,11 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
     points = training_set.meta.get("points", [])
     pilots = training_set.meta.get("pilots", [])
     plan = training_set.meta.get("plan", {})
-    # device time at most (a point capped at MAX_REQUESTS_PER_POINT runs shorter)
-    per_point_s = plan.get("duration_s", 0.0) + plan.get("drain_s", 0.0)
-    pilot_s = plan.get("pilot_duration_s", 0.0) + min(plan.get("drain_s", 0.0), plan.get("pilot_duration_s", 0.0))
-    device_s = sum(p["num_replicas"] * per_point_s for p in points) + len(pilots) * pilot_s
+    # device time (a point records how long its arrivals ran: longer for long answers, shorter past the knee)
+    drain_s = plan.get("drain_s", 0.0)
+    pilot_s = plan.get("pilot_duration_s", 0.0) + min(drain_s, plan.get("pilot_duration_s", 0.0))
+    device_s = sum(p["num_replicas"] * (p.get("duration_s", plan.get("duration_s", 0.0)) + drain_s)
+                   for p in points) + len(pilots) * pilot_s
     return {"points": len(points), "elapsed_s": training_set.meta.get("elapsed_s"),
             "device_s": round(device_s, 1), "cached": was_cached,
             "capacities_rps": training_set.meta.get("capacities_rps", {})}

@@ -11,6 +11,9 @@ from contracts import LoadFeatures
 
 CAPACITY_INPUTS = ("log_token_rate", "log_input_mean", "log_input_std", "log_output_mean")
 ELASTICITY_INPUTS = CAPACITY_INPUTS + ("log_replicas", "log_token_rate_per_replica")
+# The inputs that describe the requests' lengths (where a GP's extrapolation is checked: Oracle, "past the lengths")
+LENGTH_INPUTS = ("log_input_mean", "log_input_std", "log_output_mean")
+LENGTH_COLUMNS = tuple(ELASTICITY_INPUTS.index(name) for name in LENGTH_INPUTS)
 # Weight signs of the Elasticity GP's logistic prior mean (oracle/gp/exact.LogisticMean), one per input: the knee
 # sits at a per-replica load set by the length mix (free weights); attainment falls with the load per replica
 # ("down") and pooling more replicas helps at the same load per replica ("up"). The total rate is left out

@@ -32,7 +32,7 @@ from contracts import (
 from ..roofline import Efficiency, RooflineModel
 from ..specs import DeviceSpec, ModelShape
 from .dataset import CapacitySample, ElasticitySample, TrainingSet
-from .features import capacity_inputs, elasticity_grid
+from .features import LENGTH_COLUMNS, capacity_inputs, elasticity_grid, elasticity_row
 from .monotone import monotone_attainment
 from .policy import OraclePolicy
 from .predictors import CapacityPredictor, ElasticityPredictor
@@ -264,9 +264,48 @@ class Oracle:
             is_latent = self.policy.elasticity_bound_std == "latent"
             bound_stds = predict(not is_latent, query.k_sigma)[1]
             means, bounds = monotone_attainment(raw_means, bound_stds, query.k_sigma)
+            for row, key in enumerate(group):
+                item = missing[key]
+                if self._is_past_lengths(self._elasticity[item.model], item.features):
+                    means[row], bounds[row] = self._capped_by_roofline(item.model, item.features, means[row],
+                                                                       bounds[row])
             for key, mean, std, bound in zip(group, means.tolist(), raw_stds.tolist(), bounds.tolist()):
                 found[key] = self._grid_cache[key] = (tuple(mean), tuple(std), tuple(bound))
         return found
+
+    def _is_past_lengths(self, predictor: ElasticityPredictor, features: LoadFeatures) -> bool:
+        """Whether the load's lengths (mean prompt, prompt spread, mean output) lie more than the policy's factor
+        beyond what the GP was trained on, on either side."""
+        factor = self.policy.length_extrapolation_factor
+        if factor <= 0:
+            return False
+        lo, hi = predictor.input_range
+        row = elasticity_row(features, 1)
+        margin = math.log(factor)  # the inputs are log1p of lengths: a factor is (nearly) a shift
+        return any(row[c] > hi[c] + margin or row[c] < lo[c] - margin for c in LENGTH_COLUMNS)
+
+    def _capped_by_roofline(self, model: str, features: LoadFeatures, mean: np.ndarray,
+                            bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A GP's grid past its lengths, mean and bound no higher than the roofline's attainment (where the model has
+        a profile): the GP extrapolates along the lengths to its prior, which knows the load per replica but not what
+        much longer prompts do to the time to first token; the roofline (fitted to the device's measured steps where
+        a profile recorded it) does. A ceiling, not a second bound: the roofline's own std (wide for a datasheet)
+        would put every such load past the target and size it by the saturation rule. Both grids are non-decreasing
+        in m, so their minimum is. The roofline is evaluated at
+        ~1.25x steps of m and held between them (a lower bound of a non-decreasing curve): a grid of 64 counts
+        would cost 64 queueing equilibria."""
+        profile = self._profiles.get(model)
+        if profile is None:
+            return mean, bound
+        grid_max = len(mean)
+        counts = sorted({min(grid_max, max(1, round(1.25 ** i))) for i in range(int(math.log(grid_max, 1.25)) + 2)})
+        values = profile.roofline.attainment_many(features, counts, profile.ttft_slo_ms, profile.tpot_slo_ms)
+        held = np.empty(grid_max)
+        running = 0.0
+        for start, end, value in zip(counts, counts[1:] + [grid_max + 1], values):
+            running = max(running, value)
+            held[start - 1:end - 1] = running
+        return np.minimum(mean, held), np.minimum(bound, held)
 
     def _stack(self, models: list[str]) -> StackedElasticity:
         """The stacked posteriors of these models' current predictors (kept while the same predictors serve the

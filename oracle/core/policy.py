@@ -24,6 +24,11 @@ class OraclePolicy:
     # out of reach wherever the labels scatter by more than a point, and the scaler's saturation rule then takes
     # large counts (docs/oracle.md).
     elasticity_bound_std: Literal["latent", "predictive"] = "latent"
+    # Past the lengths it was trained on (a window's mean prompt, prompt spread or mean output more than this factor
+    # beyond the training set's range), an Elasticity GP answers no better than the model's roofline: it knows the
+    # load per replica but not what a prompt 3x longer than any it saw does to the time to first token (docs/oracle.md,
+    # "Past the profiled lengths"). 0 turns the cap off.
+    length_extrapolation_factor: float = 1.25
 
     def __post_init__(self) -> None:
         if self.max_grid_replicas < 1 or self.max_train_points < 8 or self.num_train_iters < 1:
@@ -33,5 +38,8 @@ class OraclePolicy:
                              f"got {self.elasticity_bound_std!r}")
         if self.elasticity_mean not in ("logistic", "constant"):
             raise ValueError(f"OraclePolicy: elasticity_mean logistic or constant, got {self.elasticity_mean!r}")
+        if self.length_extrapolation_factor != 0 and self.length_extrapolation_factor < 1:
+            raise ValueError("OraclePolicy: length_extrapolation_factor >= 1 (or 0: off), "
+                             f"got {self.length_extrapolation_factor!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")

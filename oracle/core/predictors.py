@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -48,6 +49,14 @@ class ElasticityPredictor:
         target, the std whose mean - k std is the bound taken on the logit scale (`attainment_scale`)."""
         mu, sigma = self.posterior.predict(x, include_noise=include_noise)
         return attainment_scale(mu[:, 0], sigma[:, 0], self.target == "logit", k_sigma)
+
+    @cached_property
+    def input_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """The least and largest value of each input (oracle.core.features.ELASTICITY_INPUTS, unstandardised) the
+        GP was trained on: where it has data."""
+        p = self.posterior
+        raw = p.x_train * p.x_std + p.x_mean
+        return raw.min(axis=0), raw.max(axis=0)
 
 
 def attainment_scale(mu: np.ndarray, sigma: np.ndarray, is_logit: np.ndarray | bool,

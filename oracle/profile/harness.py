@@ -79,12 +79,20 @@ class HarnessSettings:
     # where the target is fast (simulated devices: sim/oracle_training.py); never reached on this CPU.
     max_requests_per_point: int | None = None
     min_duration_s: float = 1.0  # the shortest a capped point's arrivals span
+    # A point's arrivals span at least this many lifetimes of its mean request (TTFT SLO plus the mean output at the
+    # TPOT SLO; `request_lifetime_s`), so the decode batch reaches what the load holds: it grows for up to a
+    # lifetime after the first arrival, and a shorter point sees one replica hold loads it cannot (the simulated
+    # die's 32B kind: 8 s points of 500-token answers at a 68 ms TPOT, a 35 s lifetime, measured one replica at 1.0
+    # where its batch would need 600 sequences; docs/bench/sim.md run 31). 0: duration_s alone.
+    min_request_lifetimes: float = 1.0
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
             raise ValueError("HarnessSettings: positive duration and SLOs, non-negative drain")
         if self.step_cost_rounds < 1:
             raise ValueError("HarnessSettings.step_cost_rounds must be >= 1")
+        if self.min_request_lifetimes < 0:
+            raise ValueError("HarnessSettings.min_request_lifetimes must be >= 0")
         if self.max_requests_per_point is not None and self.max_requests_per_point < 1 or self.min_duration_s <= 0:
             raise ValueError("HarnessSettings: max_requests_per_point >= 1 (or None), min_duration_s > 0")
         if self.hbm_bytes is not None and self.hbm_bytes <= 0:
@@ -149,13 +157,24 @@ def cpu_device_for(weight_bytes: float, kv_cache_bytes: int) -> DeviceSpec:
     return replace(calibrate_cpu(), hbm_bytes=int(weight_bytes + kv_cache_bytes))
 
 
+def request_lifetime_s(output_len_mean: float, settings: HarnessSettings) -> float:
+    """How long the mean request lives when served at its SLOs: time to first token, then its output at the TPOT."""
+    return settings.ttft_slo_ms / 1e3 + output_len_mean * settings.tpot_slo_ms / 1e3
+
+
+def point_duration_s(output_len_mean: float, settings: HarnessSettings) -> float:
+    """How long a grid point's arrivals span: `duration_s`, or `min_request_lifetimes` lifetimes if longer (before
+    `max_requests_per_point` shortens a point past the knee)."""
+    return max(settings.duration_s, settings.min_request_lifetimes * request_lifetime_s(output_len_mean, settings))
+
+
 def is_pilot_long_enough(features: LoadFeatures, horizon_s: float, settings: HarnessSettings) -> bool:
     """Whether a pilot of `horizon_s` (arrivals and drain) lets its mean request finish on time: TTFT plus its mean
     output at the TPOT SLO. A shorter one scores the start of each request and never the queue that long answers
     build: on the simulated die's 32B kind, 8 s pilots of 577-token answers at a 68 ms TPOT put one replica's knee
     near 27 requests a second, and the GP then saw one replica hold loads the device misses entirely; the scaler
     sized that kind short (docs/bench/sim.md, run 29)."""
-    return settings.ttft_slo_ms / 1e3 + features.output_len_mean * settings.tpot_slo_ms / 1e3 <= horizon_s
+    return request_lifetime_s(features.output_len_mean, settings) <= horizon_s
 
 
 def capacity_rps(roofline: RooflineModel, mix: LengthMix, ttft_slo_ms: float, tpot_slo_ms: float) -> float:
@@ -349,6 +368,8 @@ class Profiler:
         s = self.settings
         if duration_s is not None:
             s = replace(s, duration_s=duration_s, drain_s=min(s.drain_s, duration_s))
+        else:  # a grid point (a pilot keeps its length: is_pilot_long_enough)
+            s = replace(s, duration_s=point_duration_s(point.mix.output_len_mean, s))
         if s.max_requests_per_point is not None and point.rate_rps * s.duration_s > s.max_requests_per_point:
             s = replace(s, duration_s=max(s.min_duration_s, s.max_requests_per_point / point.rate_rps))
         if point.num_replicas > len(self.engines):
@@ -380,7 +401,7 @@ class Profiler:
                                   ttft_attainment=achieved.ttft, tpot_attainment=achieved.tpot,
                                   num_requests=achieved.num_requests, source="profile")
         info = {"rate_rps": point.rate_rps, "mix": point.mix.name, "num_replicas": point.num_replicas,
-                "num_decode": num_decode,
+                "num_decode": num_decode, "duration_s": round(s.duration_s, 3),
                 "wall_s": round(wall_s, 2), "is_truncated": result.is_truncated,
                 "speed_factor": round(self.speed_factor, 4),
                 "num_steps": sum(len(r.steps) for r in result.replicas)}

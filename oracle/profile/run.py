@@ -31,6 +31,7 @@ from .harness import (
     HarnessSettings,
     Profiler,
     capacity_rps,
+    point_duration_s,
     profile_model,
     random_grid,
     stratified_grid,
@@ -53,6 +54,8 @@ class ProfilePlan:
     pilot_duration_s: float = 1.5  # the knee search's runs (m = 1)
     pilot_max_runs: int = 7
     step_cost_rounds: int = 3
+    # a point's arrivals span at least this many request lifetimes (HarnessSettings.min_request_lifetimes)
+    min_request_lifetimes: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.replicas or min(self.replicas) < 1 or not self.mixes:
@@ -71,7 +74,8 @@ class ProfilePlan:
 
     def harness_settings(self, **overrides) -> HarnessSettings:
         """HarnessSettings with this plan's durations and step-cost passes (`overrides` win)."""
-        base = {"duration_s": self.duration_s, "drain_s": self.drain_s, "step_cost_rounds": self.step_cost_rounds}
+        base = {"duration_s": self.duration_s, "drain_s": self.drain_s, "step_cost_rounds": self.step_cost_rounds,
+                "min_request_lifetimes": self.min_request_lifetimes}
         return HarnessSettings(**{**base, **overrides})
 
     def grid(self, capacities_rps: dict[str, float], settings: HarnessSettings) -> list[GridPoint]:
@@ -159,11 +163,12 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
     progress = _progress(show_progress)
     note = say or (lambda line: progress.console.print(line, highlight=False))
     pilot_units = plan.pilot_duration_s + min(settings.drain_s, plan.pilot_duration_s)
-    point_units = settings.duration_s + settings.drain_s
+    point_units = {mix.name: point_duration_s(mix.output_len_mean, settings) + settings.drain_s
+                   for mix in plan.mixes}
     calibration_units = 2.0 * settings.step_cost_rounds + 1.0
     # units ~ virtual replica-seconds, which is what the time goes on (the bar's time left is honest enough)
     total = calibration_units + len(plan.mixes) * plan.pilot_max_runs * pilot_units \
-        + len(plan.mixes) * sum(plan.replicas) * plan.per_cell * point_units
+        + sum(point_units.values()) * sum(plan.replicas) * plan.per_cell
     with progress:
         task = progress.add_task(f"{name}: calibrating the engine", total=total)
         profiler = (make_profiler or (lambda st, n: Profiler(model_dir, st, max_replicas=n)))(
@@ -199,7 +204,7 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
         partial.parent.mkdir(parents=True, exist_ok=True)
 
         def on_point(index: int, info: dict) -> None:
-            progress.update(task, advance=info["num_replicas"] * point_units, description=(
+            progress.update(task, advance=info["num_replicas"] * point_units[info["mix"]], description=(
                 f"{name}: {info['mix']} m={info['num_replicas']} {info['rate_rps']:.0f} rps -> "
                 f"{info['attainment']:.2f} ({index + 1}/{len(grid)})"))
 

@@ -52,6 +52,7 @@ def test_rejections_are_kept_per_app_with_their_cause():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # janus-learned profiles its kinds first on a fresh checkout (points of a request lifetime)
 @needs_traces
 def test_every_system_runs_the_same_small_scenario():
     spec = ScenarioSpec(num_apps=10, num_requests=6000, duration_s=120, window_s=20, num_devices=96,

@@ -1,0 +1,43 @@
+"""A profile's grid point runs long enough for its requests' decode batch to reach what the load holds in steady
+state (HarnessSettings.min_request_lifetimes, oracle/profile/harness.py): a point shorter than a request's lifetime
+measures the start of a load one replica cannot hold as attained (docs/oracle.md, "Profiling the real engine")."""
+from oracle.profile.grid import GridPoint, LengthMix
+from oracle.profile.harness import HarnessSettings, point_duration_s, request_lifetime_s
+from oracle.profile.run import DEVICE
+from oracle.specs import device, model_shape
+from sim.costmodel import step_cost
+from sim.device_effects import DeviceEffects
+from sim.profile_device import SimDeviceProfiler
+
+COST = step_cost(device("nvidia-h200"), model_shape("qwen2-7b"), 1)
+LONG_ANSWERS = LengthMix("long-answers", 256, 0.5, 600)  # 600 tokens at 60 ms: a 37 s lifetime
+
+
+def settings(lifetimes: float) -> HarnessSettings:
+    return HarnessSettings(duration_s=4.0, drain_s=20.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0, clock="thread_cpu",
+                           min_request_lifetimes=lifetimes)
+
+
+def test_a_point_of_long_answers_runs_for_a_lifetime():
+    s = settings(1.0)
+    assert request_lifetime_s(600, s) == 1.0 + 600 * 0.06
+    assert point_duration_s(600, s) == 37.0
+    assert point_duration_s(600, settings(2.0)) == 74.0
+    assert point_duration_s(40, s) == 4.0  # short answers: the plan's duration
+    assert DEVICE.harness_settings().min_request_lifetimes == HarnessSettings().min_request_lifetimes == 1.0
+
+
+def test_one_replica_past_its_batch_is_seen_only_by_a_point_that_long():
+    # 60 requests a second of 600-token answers: at the H200's ~9 ms decode steps, ~320 sequences in flight in
+    # steady state, more than the engine batches (max_num_seqs 256), so the queue and the late tokens grow once the
+    # batch has filled (after ~5 s); four seconds of arrivals hold ~240
+    assert COST.max_num_seqs == 256
+    point = GridPoint(60.0, LONG_ANSWERS, 1)
+    labels = {}
+    for lifetimes in (0.0, 1.0):
+        profiler = SimDeviceProfiler("qwen2-7b", COST, DeviceEffects.off(), settings(lifetimes), max_replicas=1)
+        _, sample, info = profiler.run_point(point, 0)
+        labels[lifetimes] = (sample.attainment, info["duration_s"])
+    assert labels[0.0][1] == 4.0 and labels[1.0][1] == 37.0
+    assert labels[0.0][0] > 0.95  # four seconds of arrivals never fill the batch
+    assert labels[1.0][0] < labels[0.0][0] - 0.1  # a lifetime shows the overload
