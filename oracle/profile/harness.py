@@ -84,7 +84,7 @@ class HarnessSettings:
     # lifetime after the first arrival, and a shorter point sees one replica hold loads it cannot (the simulated
     # die's 32B kind: 8 s points of 500-token answers at a 68 ms TPOT, a 35 s lifetime, measured one replica at 1.0
     # where its batch would need 600 sequences; docs/bench/sim.md run 31). 0: duration_s alone.
-    min_request_lifetimes: float = 1.0
+    min_request_lifetimes: float = 2.0
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:

@@ -55,7 +55,7 @@ class ProfilePlan:
     pilot_max_runs: int = 7
     step_cost_rounds: int = 3
     # a point's arrivals span at least this many request lifetimes (HarnessSettings.min_request_lifetimes)
-    min_request_lifetimes: float = 1.0
+    min_request_lifetimes: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.replicas or min(self.replicas) < 1 or not self.mixes:

@@ -18,13 +18,13 @@ def settings(lifetimes: float) -> HarnessSettings:
                            min_request_lifetimes=lifetimes)
 
 
-def test_a_point_of_long_answers_runs_for_a_lifetime():
-    s = settings(1.0)
+def test_a_point_of_long_answers_runs_for_two_lifetimes():
+    s = settings(2.0)
     assert request_lifetime_s(600, s) == 1.0 + 600 * 0.06
-    assert point_duration_s(600, s) == 37.0
-    assert point_duration_s(600, settings(2.0)) == 74.0
-    assert point_duration_s(40, s) == 4.0  # short answers: the plan's duration
-    assert DEVICE.harness_settings().min_request_lifetimes == HarnessSettings().min_request_lifetimes == 1.0
+    assert point_duration_s(600, s) == 74.0
+    assert point_duration_s(600, settings(1.0)) == 37.0
+    assert point_duration_s(10, s) == 4.0  # short answers: the plan's duration
+    assert DEVICE.harness_settings().min_request_lifetimes == HarnessSettings().min_request_lifetimes == 2.0
 
 
 def test_one_replica_past_its_batch_is_seen_only_by_a_point_that_long():
@@ -34,10 +34,10 @@ def test_one_replica_past_its_batch_is_seen_only_by_a_point_that_long():
     assert COST.max_num_seqs == 256
     point = GridPoint(60.0, LONG_ANSWERS, 1)
     labels = {}
-    for lifetimes in (0.0, 1.0):
+    for lifetimes in (0.0, 2.0):
         profiler = SimDeviceProfiler("qwen2-7b", COST, DeviceEffects.off(), settings(lifetimes), max_replicas=1)
         _, sample, info = profiler.run_point(point, 0)
         labels[lifetimes] = (sample.attainment, info["duration_s"])
-    assert labels[0.0][1] == 4.0 and labels[1.0][1] == 37.0
+    assert labels[0.0][1] == 4.0 and labels[2.0][1] == 74.0
     assert labels[0.0][0] > 0.95  # four seconds of arrivals never fill the batch
-    assert labels[1.0][0] < labels[0.0][0] - 0.1  # a lifetime shows the overload
+    assert labels[2.0][0] < labels[0.0][0] - 0.1  # two lifetimes show the overload
