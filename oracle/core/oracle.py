@@ -291,20 +291,14 @@ class Oracle:
         much longer prompts do to the time to first token; the roofline (fitted to the device's measured steps where
         a profile recorded it) does. A ceiling, not a second bound: the roofline's own std (wide for a datasheet)
         would put every such load past the target and size it by the saturation rule. Both grids are non-decreasing
-        in m, so their minimum is. The roofline is evaluated at
-        ~1.25x steps of m and held between them (a lower bound of a non-decreasing curve): a grid of 64 counts
-        would cost 64 queueing equilibria."""
-        profile = self._profiles.get(model)
-        if profile is None:
+        in m, so their minimum is. The roofline (`_roofline_attainment`, held non-decreasing) is evaluated at ~1.25x
+        steps of m and held between them, a lower bound of a non-decreasing curve: 17 equilibria for 64 counts."""
+        if model not in self._profiles:
             return mean, bound
         grid_max = len(mean)
         counts = sorted({min(grid_max, max(1, round(1.25 ** i))) for i in range(int(math.log(grid_max, 1.25)) + 2)})
-        values = profile.roofline.attainment_many(features, counts, profile.ttft_slo_ms, profile.tpot_slo_ms)
-        held = np.empty(grid_max)
-        running = 0.0
-        for start, end, value in zip(counts, counts[1:] + [grid_max + 1], values):
-            running = max(running, value)
-            held[start - 1:end - 1] = running
+        values = self._roofline_attainment(model, features, counts, 0.0)[0]
+        held = np.repeat(values, np.diff([*counts, grid_max + 1]))
         return np.minimum(mean, held), np.minimum(bound, held)
 
     def _stack(self, models: list[str]) -> StackedElasticity:
