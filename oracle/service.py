@@ -30,7 +30,6 @@ from contracts import (
     ElasticityQuery,
     ElasticityReply,
     ErrorCode,
-    InstanceRole,
     ModelLoadWindow,
     ModelState,
     WorkerHeartbeat,
@@ -92,7 +91,7 @@ class OracleService(Service):
         self.oracle = gp_oracle(policy=_policy_from(cluster.oracle))  # predictions read it directly
         self.shared = SharedOracle(self.oracle)  # samples and refits: shared with the refit thread, under a lock
         self.refitter: BackgroundRefitter | None = None
-        self._replicas: dict[str, dict[str, int]] = {}  # worker -> model -> serving instances
+        self._replicas: dict[str, dict[str, set[str]]] = {}  # worker -> model -> serving instance ids
         self.num_queries = 0
         self.num_windows_learnt = 0
         self.drift = DriftTracker(max_windows=int(cluster.oracle.get("drift_windows", DEFAULT_MAX_WINDOWS)),
@@ -243,14 +242,17 @@ class OracleService(Service):
             raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
 
     async def _on_heartbeat(self, beat: WorkerHeartbeat, env: Envelope) -> None:
-        counts: dict[str, int] = {}
+        # Every serving instance, decode ones included: the Elasticity GP's m is the elastic scaler's count of
+        # instances, which it lays out as prefill and decode ones (planner.core.split_prefill_decode), and the
+        # profiles ran that layout at each m. By id: a tensor-parallel instance is in each of its devices' beats.
+        serving: dict[str, set[str]] = {}
         for inst in beat.instances:
-            if inst.state == ModelState.ACTIVE and inst.role != InstanceRole.DECODE:
-                counts[inst.model] = counts.get(inst.model, 0) + 1
-        self._replicas[beat.worker_id] = counts
+            if inst.state == ModelState.ACTIVE:
+                serving.setdefault(inst.model, set()).add(inst.instance_id)
+        self._replicas[beat.worker_id] = serving
 
     def num_replicas(self, model: str) -> int:
-        return sum(counts.get(model, 0) for counts in self._replicas.values())
+        return len(set().union(*(serving.get(model, set()) for serving in self._replicas.values())))
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         num_replicas = self.num_replicas(window.model)

@@ -177,7 +177,8 @@ def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: P
                       "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
                       "max_requests_per_point": MAX_REQUESTS_PER_POINT,
                       "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING,
-                      "pilot_samples": "in the training set when long enough (harness.is_pilot_long_enough)"},
+                      "pilot_samples": "in the training set when long enough (harness.is_pilot_long_enough)",
+                      "pilot_length": "as a grid point's, at least min_request_lifetimes (harness.point_duration_s)"},
                      sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / f"{group.name}-{digest}.json"
@@ -251,11 +252,13 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
     points = training_set.meta.get("points", [])
     pilots = training_set.meta.get("pilots", [])
     plan = training_set.meta.get("plan", {})
-    # device time (a point records how long its arrivals ran: longer for long answers, shorter past the knee)
+    # device time (a run records how long its arrivals ran: longer for long answers, shorter past the knee; a pilot
+    # drains for at most its own length)
     drain_s = plan.get("drain_s", 0.0)
-    pilot_s = plan.get("pilot_duration_s", 0.0) + min(drain_s, plan.get("pilot_duration_s", 0.0))
-    device_s = sum(p["num_replicas"] * (p.get("duration_s", plan.get("duration_s", 0.0)) + drain_s)
-                   for p in points) + len(pilots) * pilot_s
+    device_s = sum(p["num_replicas"] * (p.get("duration_s", plan.get("duration_s", 0.0)) + drain_s) for p in points)
+    for p in pilots:
+        pilot_s = p.get("duration_s", plan.get("pilot_duration_s", 0.0))
+        device_s += pilot_s + min(drain_s, pilot_s)
     return {"points": len(points), "elapsed_s": training_set.meta.get("elapsed_s"),
             "device_s": round(device_s, 1), "cached": was_cached,
             "capacities_rps": training_set.meta.get("capacities_rps", {})}

@@ -162,10 +162,11 @@ def request_lifetime_s(output_len_mean: float, settings: HarnessSettings) -> flo
     return settings.ttft_slo_ms / 1e3 + output_len_mean * settings.tpot_slo_ms / 1e3
 
 
-def point_duration_s(output_len_mean: float, settings: HarnessSettings) -> float:
-    """How long a grid point's arrivals span: `duration_s`, or `min_request_lifetimes` lifetimes if longer (before
-    `max_requests_per_point` shortens a point past the knee)."""
-    return max(settings.duration_s, settings.min_request_lifetimes * request_lifetime_s(output_len_mean, settings))
+def point_duration_s(output_len_mean: float, settings: HarnessSettings, base_s: float | None = None) -> float:
+    """How long a run's arrivals span: `base_s` (a grid point's: `duration_s`; a pilot's: the plan's pilot length),
+    or `min_request_lifetimes` lifetimes if longer (before `max_requests_per_point` shortens a run past the knee)."""
+    base_s = settings.duration_s if base_s is None else base_s
+    return max(base_s, settings.min_request_lifetimes * request_lifetime_s(output_len_mean, settings))
 
 
 def is_pilot_long_enough(features: LoadFeatures, horizon_s: float, settings: HarnessSettings) -> bool:
@@ -330,7 +331,7 @@ class Profiler:
     def measured_capacity_rps(self, mix: LengthMix, start_rps: float, duration_s: float = 1.5,
                               max_runs: int = 7, on_run: Callable[[dict], None] | None = None) \
             -> tuple[float, list[dict], list[ElasticitySample]]:
-        """The per-replica rate where measured attainment (m = 1, short pilot runs) crosses 0.5: double from
+        """The per-replica rate where measured attainment (m = 1, pilot runs) crosses 0.5: double from
         start_rps until it fails, then bisect in log space. Returns the rate, the pilot runs (`on_run` is
         called with each as it ends) and their elasticity samples (source "pilot"): the bisection measures the
         knee densely, where the grid's few loads leave a gap and the GP drew a smooth curve through a sharp one.
@@ -339,6 +340,11 @@ class Profiler:
         The search starts no lower than MIN_PILOT_REQUESTS arrivals in a pilot: a pilot with no request scores 1.0
         and says nothing. (demo-small's calibrated roofline put the long mix's knee at 0, below the 100 ms TTFT
         at any rate; from there five doublings measured only empty pilots and the grid got rates of ~0.)"""
+        # A pilot spans the request lifetimes a grid point does (`point_duration_s`): a 4 s pilot of 579-token
+        # answers at a 60 ms TPOT (a 36 s lifetime) put the simulated die's 14B knee at 4.2 requests a second where
+        # the device holds ~1.1; the grid's loads, placed around that knee, then left the real one unmeasured at
+        # every m and the GP sized that kind at twice the instances it needs (docs/bench/sim.md, run 33).
+        duration_s = point_duration_s(mix.output_len_mean, self.settings, duration_s)
         ok, bad, runs, samples = None, None, [], []
         rate = max(start_rps, MIN_PILOT_REQUESTS / duration_s)
         for i in range(max_runs):

@@ -162,12 +162,14 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
     started = time.perf_counter()
     progress = _progress(show_progress)
     note = say or (lambda line: progress.console.print(line, highlight=False))
-    pilot_units = plan.pilot_duration_s + min(settings.drain_s, plan.pilot_duration_s)
+    pilot_s = {mix.name: point_duration_s(mix.output_len_mean, settings, plan.pilot_duration_s)
+               for mix in plan.mixes}
+    pilot_units = {name: s + min(settings.drain_s, s) for name, s in pilot_s.items()}
     point_units = {mix.name: point_duration_s(mix.output_len_mean, settings) + settings.drain_s
                    for mix in plan.mixes}
     calibration_units = 2.0 * settings.step_cost_rounds + 1.0
     # units ~ virtual replica-seconds, which is what the time goes on (the bar's time left is honest enough)
-    total = calibration_units + len(plan.mixes) * plan.pilot_max_runs * pilot_units \
+    total = calibration_units + plan.pilot_max_runs * sum(pilot_units.values()) \
         + sum(point_units.values()) * sum(plan.replicas) * plan.per_cell
     with progress:
         task = progress.add_task(f"{name}: calibrating the engine", total=total)
@@ -190,7 +192,7 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
             estimate = capacity_rps(profiler.roofline, mix, settings.ttft_slo_ms, settings.tpot_slo_ms)
 
             def on_run(run: dict, mix: LengthMix = mix) -> None:
-                progress.update(task, advance=pilot_units, description=(
+                progress.update(task, advance=pilot_units[mix.name], description=(
                     f"{name}: knee of {mix.name}: {run['rate_rps']:.0f} rps -> {run['attainment']:.2f}"))
 
             capacities[mix.name], runs, samples = profiler.measured_capacity_rps(

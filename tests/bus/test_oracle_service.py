@@ -13,12 +13,16 @@ from tests.polling import wait_for
 FEATURES = LoadFeatures(token_rate_tps=500.0, input_len_mean=128.0, input_len_var=4096.0, output_len_mean=32.0)
 
 
-def heartbeat(worker_id, model, num_active):
+def heartbeat(worker_id, model, num_active, extra=()):
     return WorkerHeartbeat(
         worker_id=worker_id, seq=1, sent_unix_ms=0.0, device=DeviceInfo(kind="cpu", name="cpu", hbm_bytes=1 << 30),
         pages=PageCounters(page_size_bytes=2 << 20, num_pages_total=10, num_pages_free=10, fragmentation=0.0),
         instances=tuple(InstanceStatus(instance_id=f"{worker_id}-{i}", model=model, role=InstanceRole.COLOCATED,
-                                       pool=Pool.ELASTIC, state=ModelState.ACTIVE) for i in range(num_active)))
+                                       pool=Pool.ELASTIC, state=ModelState.ACTIVE) for i in range(num_active)) + extra)
+
+
+def instance(instance_id, model, role, state=ModelState.ACTIVE):
+    return InstanceStatus(instance_id=instance_id, model=model, role=role, pool=Pool.ELASTIC, state=state)
 
 
 @pytest.fixture
@@ -60,16 +64,25 @@ async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service
     publisher = await bus_factory("dispatcher")
     await publisher.publish(subjects.worker_telemetry("w1"), heartbeat("w1", "tiny", 2))
     await publisher.publish(subjects.worker_telemetry("w2"), heartbeat("w2", "tiny", 1))
+    # a prefill and a decode instance count (the scaler's m is both, as the profiles ran it); a tensor-parallel
+    # decode instance in two devices' beats counts once; one still loading does not count
+    await publisher.publish(subjects.worker_telemetry("w3"), heartbeat("w3", "tiny", 0, (
+        instance("p0", "tiny", InstanceRole.PREFILL), instance("d0", "tiny", InstanceRole.DECODE),
+        instance("loading", "tiny", InstanceRole.PREFILL, ModelState.LOADING))))
+    await publisher.publish(subjects.worker_telemetry("w4"), heartbeat("w4", "tiny", 0, (
+        instance("d0", "tiny", InstanceRole.DECODE),)))
+    await wait_for(lambda: service.num_replicas("tiny") == 5, timeout_s=10, interval_s=0.02,
+                   what="the replica count from four heartbeats")
     for i in range(4):
         window = ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=float(i), num_requests=20,
                                  request_rate_rps=2.0, features=FEATURES.model_copy(
                                      update={"token_rate_tps": 300.0 * (i + 1)}), ttft_attainment=1.0 - 0.2 * i)
         await publisher.publish(subjects.model_telemetry("tiny"), window)
     await wait_for(lambda: service.num_windows_learnt >= 4, timeout_s=10, interval_s=0.02, what="four windows learnt")
-    assert service.num_replicas("tiny") == 3
+    assert service.num_replicas("tiny") == 5
     assert service.num_windows_learnt == 4
     samples = service.oracle._elasticity_samples["tiny"]
-    assert {s.num_replicas for s in samples} == {3}
+    assert {s.num_replicas for s in samples} == {5}
     # the refitter was woken: the elasticity model is refitted in the background
     await wait_for(lambda: service.oracle.versions("tiny")["elasticity"].startswith("gp-"), timeout_s=30,
                    what="the elasticity model refitted as a GP")

@@ -70,7 +70,9 @@ def test_the_knee_search_starts_where_a_pilot_has_requests():
 
     profiler = Profiler.__new__(Profiler)  # no engines: run_point is the stand-in above
     profiler.run_point = run_point
-    profiler.settings = HarnessSettings()  # TTFT 100 ms + 32 tokens x 10 ms fit in a 1 s pilot: all are samples
+    # TTFT 100 ms + 32 tokens x 10 ms fit in a 1 s pilot: all are samples; pilots of the length asked (a pilot's
+    # least length in request lifetimes: tests/unit/sim/test_profile_lifetimes.py)
+    profiler.settings = HarnessSettings(min_request_lifetimes=0.0)
     seen = []
     knee, runs, samples = profiler.measured_capacity_rps(MIXES[0], 1e-3, duration_s=0.5, max_runs=6,
                                                          on_run=seen.append)

@@ -41,3 +41,18 @@ def test_one_replica_past_its_batch_is_seen_only_by_a_point_that_long():
     assert labels[0.0][1] == 4.0 and labels[2.0][1] == 74.0
     assert labels[0.0][0] > 0.95  # four seconds of arrivals never fill the batch
     assert labels[2.0][0] < labels[0.0][0] - 0.1  # two lifetimes show the overload
+
+
+def test_the_knee_search_pilots_run_as_long_as_a_point():
+    # The knee placed the grid's loads: 4 s pilots of 600-token answers put it where one replica scores 1.0 over
+    # 4 s (the batch still filling), and the loads around it missed the real knee at every m (docs/bench/sim.md
+    # run 33). With pilots of two lifetimes the knee comes out lower, each pilot is 74 s long and is a sample.
+    knees = {}
+    for lifetimes in (0.0, 2.0):
+        profiler = SimDeviceProfiler("qwen2-7b", COST, DeviceEffects.off(), settings(lifetimes), max_replicas=1)
+        knee, runs, samples = profiler.measured_capacity_rps(LONG_ANSWERS, 20.0, duration_s=4.0, max_runs=5)
+        knees[lifetimes] = knee
+        assert {run["duration_s"] for run in runs} == ({74.0} if lifetimes else {4.0})
+        if lifetimes:
+            assert len(samples) == len(runs)  # every pilot long enough for its requests: training data
+    assert knees[2.0] < 0.5 * knees[0.0]  # measured: 62 against 320 requests a second

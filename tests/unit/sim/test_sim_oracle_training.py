@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from contracts import ElasticityItem, ElasticityQuery
-from oracle.profile.harness import HarnessSettings, is_pilot_long_enough
+from oracle.profile.harness import HarnessSettings, is_pilot_long_enough, point_duration_s
 from sim.device_effects import DeviceEffects
 from sim.oracle_training import LENGTH_MARGIN, SIM_PLAN, cache_path, groups_of, learned_oracle, plan_for, profile_group
 from sim.scenario import build_scenario
@@ -53,11 +53,17 @@ def test_profiles_are_cached_by_what_they_depend_on(scenario, tmp_path):
     grid_points = len(plan.mixes) * len(plan.replicas) * len(plan.load_bands)
     pilots = [s for s in first.elasticity if s.source == "pilot"]
     assert len(first.meta["points"]) == grid_points == len(first.elasticity) - len(pilots)
-    # the knee searches' runs are training data too (m = 1), those long enough for their requests to finish
-    horizon_s = plan.pilot_duration_s + min(plan.drain_s, plan.pilot_duration_s)
+    # the knee searches' runs are training data too (m = 1): each spans two lifetimes of its mix's mean request, as
+    # a grid point does, so each is long enough for its requests to finish
     settings = HarnessSettings(ttft_slo_ms=first.ttft_slo_ms, tpot_slo_ms=first.tpot_slo_ms)
-    long_enough = [s for s in pilots if is_pilot_long_enough(s.features, horizon_s, settings)]
-    assert pilots and long_enough == pilots and len(pilots) <= len(first.meta["pilots"])
+    for run in first.meta["pilots"]:
+        mix = next(m for m in plan.mixes if m.name == run["mix"])
+        assert run["duration_s"] == pytest.approx(point_duration_s(mix.output_len_mean, settings,
+                                                                   plan.pilot_duration_s), abs=1e-3)
+    assert all(is_pilot_long_enough(s.features, 2 * point_duration_s(s.features.output_len_mean, settings,
+                                                                        plan.pilot_duration_s), settings)
+               for s in pilots)
+    assert pilots and len(pilots) == len(first.meta["pilots"])
     assert all(s.num_replicas == 1 for s in pilots)
     assert profile_group(scenario, group, tmp_path, SMALL_PLAN).elasticity == first.elasticity  # from the cache
     other = replace(scenario, effects=DeviceEffects(seed=3, small_batch_penalty=0.5))
