@@ -79,15 +79,19 @@ class CachedOracle:
                 fkey = keyed[i][2]
                 for k, m in enumerate(pred.replicas):
                     answers[(fkey, m)] = (pred.attainment_mean[k], pred.attainment_std[k],
-                                          pred.attainment_bound[k], pred.model_version, pred.source)
+                                          pred.attainment_bound[k], pred.model_version, pred.source,
+                                          pred.decode_token_cost_ratio)
             if len(self._elasticity) + len(answers) > MAX_ENTRIES:
                 self._elasticity.clear()
             self._elasticity.update(answers)
         predictions = []
         for item, _, fkey in keyed:
             got = [answers[(fkey, m)] for m in item.replicas]
-            means, stds, bounds, versions, sources = zip(*got) if got else ((),) * 5  # one transpose
+            means, stds, bounds, versions, sources, ratios = zip(*got) if got else ((),) * 6  # one transpose
+            # the decode-over-prefill token cost goes with the answer: the scaler splits P/D by it
+            # (planner.core.split_prefill_decode), as it does live
             predictions.append(ElasticityPrediction.model_construct(
                 model=item.model, replicas=tuple(item.replicas), attainment_mean=means, attainment_std=stds,
-                attainment_bound=bounds, model_version=versions[0] if got else "", source=sources[0] if got else ""))
+                attainment_bound=bounds, model_version=versions[0] if got else "", source=sources[0] if got else "",
+                decode_token_cost_ratio=ratios[0] if got else None))
         return ElasticityReply.model_construct(predictions=tuple(predictions))

@@ -47,3 +47,17 @@ def test_a_reset_between_lookups_loses_no_answer(oracle, monkeypatch):
     assert second.replicas == (3, 4)
     assert second.attainment_bound[0] == pytest.approx(first.attainment_bound[2])
     assert list(second.attainment_bound) == sorted(second.attainment_bound)
+
+
+def test_the_decode_token_cost_ratio_goes_with_the_answer():
+    # the elastic scaler splits prefill and decode instances by it (planner.core.split_prefill_decode); a memo that
+    # dropped it left the simulated scaler on its policy's 2.0 where the live one had the device's ratio
+    rm = RooflineModel(device("ascend-910c-die"), model_shape("qwen2-7b"), 1)
+    calibrated = Oracle({"m": ModelProfile(rm, 1000.0, 60.0, roofline_attainment_std=0.0, is_calibrated=True)})
+    want = calibrated.elasticity(_query(20_000.0, (1, 2))).predictions[0].decode_token_cost_ratio
+    assert want is not None and want > 0
+    cached = CachedOracle(calibrated)
+    miss = cached.elasticity(_query(20_000.0, (1, 2))).predictions[0]
+    hit = cached.elasticity(_query(20_000.0, (2,))).predictions[0]
+    assert cached.num_hits == 1
+    assert miss.decode_token_cost_ratio == hit.decode_token_cost_ratio == pytest.approx(want, rel=0.05)
