@@ -9,6 +9,15 @@ Hugging Face: the interval between two tokens of `generate()`, timed by a stoppi
 all steps of `--repeats` interleaved runs: robust on a shared machine where a whole-run time swings with the load.
 Prefill tokens/s: B * prompt_len over the time to every first token (ours) or to generate()'s first token, best
 of the runs. Both sides run greedy, ignore EOS, same prompts, same threads and dtype, after a warm-up.
+
+    .venv/bin/python bench/engine.py --chat-replay                    # prefix caching on / off, same run
+
+Multi-turn chat replay: `--conversations` chats with one shared system prompt, `--turns` turns each; a turn's
+prompt is the whole history (system, earlier questions, the engine's own replies) plus a new question, as a chat
+client resends it. Each turn's requests of all chats are submitted together, first to an engine with prefix
+caching, then to one without (interleaved, so both see the same machine load). Reported: TTFT (add_request to
+the first token) p50 and p90 over all requests, prompt tokens computed, the cache's hit rate, and whether the
+greedy replies are identical.
 """
 from __future__ import annotations
 
@@ -93,6 +102,77 @@ def run_hf(model, prompts: list[list[int]], num_decode: int, device: str) -> tup
     return prefill_s, [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
 
 
+_SYSTEM_PROMPT = ("You are a careful assistant for a small team. Answer in short sentences, cite the numbers you are "
+                  "given, say when you do not know, and never invent a source. Keep code in fenced blocks.")
+
+
+def _chat_turn(engine: LLMEngine, prompts: dict[int, list[int]], num_reply: int, tag: str
+               ) -> tuple[dict[int, list[int]], list[float]]:
+    """Submit one turn of every chat at once; (the replies' tokens, each request's TTFT in seconds)."""
+    params = SamplingParams(max_tokens=num_reply, temperature=0, ignore_eos=True)
+    chat_of = {f"{tag}-{c}": c for c in prompts}
+    submitted_s = {}
+    for rid, c in chat_of.items():
+        submitted_s[rid] = _now()
+        engine.add_request(rid, prompts[c], params)
+    replies: dict[int, list[int]] = {c: [] for c in prompts}
+    ttft_s: list[float] = []
+    while engine.has_unfinished():
+        outputs = engine.step()  # tokens reach the host inside step(): no device sync needed
+        now = _now()
+        for out in outputs:
+            reply = replies[chat_of[out.request_id]]
+            if out.token_ids and not reply:
+                ttft_s.append(now - submitted_s[out.request_id])
+            reply.extend(out.token_ids)
+    return replies, ttft_s
+
+
+def _p90(values: list[float]) -> float:
+    return sorted(values)[max(0, -(-9 * len(values) // 10) - 1)]
+
+
+def run_chat_replay(model_dir: Path, num_chats: int, num_turns: int, num_reply: int, device: str,
+                    dtype: torch.dtype) -> None:
+    engines = {enabled: LLMEngine(model_dir, device=device, dtype=dtype,
+                                  config=EngineConfig(enable_prefix_caching=enabled))
+               for enabled in (True, False)}
+    tok = engines[True].tokenizer
+    first_turn = [tok.encode(tok.apply_chat_template([
+        {"role": "system", "content": _SYSTEM_PROMPT},
+        {"role": "user", "content": f"Chat {c}: summarise the numbers 3, 14, 15 and 92 for me."}]))
+        for c in range(num_chats)]
+    histories = {enabled: {c: list(first_turn[c]) for c in range(num_chats)} for enabled in engines}
+    ttft_s: dict[bool, list[float]] = {True: [], False: []}
+    is_identical = True
+    for turn in range(num_turns):
+        replies = {}
+        for enabled, engine in engines.items():  # interleaved: both sides see the same machine load
+            replies[enabled], ttfts = _chat_turn(engine, histories[enabled], num_reply, f"t{turn}")
+            ttft_s[enabled].extend(ttfts)
+        is_identical &= replies[True] == replies[False]
+        for enabled in engines:
+            for c, history in histories[enabled].items():
+                question = (f"<|im_end|>\n<|im_start|>user\nTurn {turn}: what follows from reply {c}?<|im_end|>\n"
+                            "<|im_start|>assistant\n")
+                history.extend(replies[enabled][c] + tok.encode(question))
+    clock = "cpu" if _now is time.thread_time else "wall"
+    print(f"# python bench/engine.py {' '.join(sys.argv[1:])}")
+    print(f"# model {model_dir.name}, {num_chats} chats x {num_turns} turns, {num_reply}-token replies, block_size "
+          f"{engines[True].config.block_size}, {dtype}, device {device}, {clock} clock, torch {torch.__version__}; "
+          f"greedy replies identical with and without: {is_identical}")
+    print(f"{'prefix caching':>14} | {'TTFT p50 ms':>11} | {'TTFT p90 ms':>11} | {'prompt tokens computed':>22} | "
+          f"{'hit rate':>8}")
+    for enabled, engine in engines.items():
+        stats = engine.stats()
+        rate = "-" if stats.prefix_cache_hit_rate is None else f"{stats.prefix_cache_hit_rate:.1%}"
+        print(f"{'on' if enabled else 'off':>14} | {statistics.median(ttft_s[enabled]) * 1e3:>11.1f} | "
+              f"{_p90(ttft_s[enabled]) * 1e3:>11.1f} | {engine.num_prefill_tokens_computed:>22} | {rate:>8}")
+    computed_on, computed_off = (engines[e].num_prefill_tokens_computed for e in (True, False))
+    ttft_ratio = statistics.median(ttft_s[False]) / statistics.median(ttft_s[True])
+    print(f"# off / on: prompt tokens computed {computed_off / computed_on:.2f}x, TTFT p50 {ttft_ratio:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -106,6 +186,11 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this thread's CPU time (CPU device with --threads 1 only)")
     parser.add_argument("--models-dir", default=str(REPO_ROOT / ".janus" / "models"))
+    parser.add_argument("--chat-replay", action="store_true",
+                        help="multi-turn chat replay with and without prefix caching (no transformers baseline)")
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--reply-tokens", type=int, default=16)
     args = parser.parse_args()
 
     is_cuda = args.device == "cuda"
@@ -120,6 +205,9 @@ def main() -> None:
     dtype = torch.bfloat16 if is_cuda else torch.float32
     torch.set_num_threads(args.threads)
     model_dir = make_demo_models(args.models_dir, [shape])[shape]
+    if args.chat_replay:
+        run_chat_replay(model_dir, args.conversations, args.turns, args.reply_tokens, args.device, dtype)
+        return
 
     from transformers import AutoModelForCausalLM
 

@@ -7,15 +7,44 @@ A block id is `page_index * blocks_per_page + slot`: blocks never straddle pages
 the engine's reserved range need not be adjacent in the device's global region (a remote peer writes a block by
 one global offset). Pages come from the page source on demand and go back to it once empty (beyond a small cache),
 so other models on the device can take the memory. Torch-free.
+
+Automatic prefix caching (vLLM v1's design): a full block of a request's tokens is keyed by a hash chained on its
+parent block's key and its token ids (nothing else changes a block's KV in this engine: one model, one set of
+weights, no LoRA or multimodal inputs; `drop_cached_blocks` clears the cache when the weights change or the pages
+slept, see `LLMEngine.drop_prefix_cache`). Once a block's KV is computed the engine registers it
+(`cache_computed_blocks`); when its last holder lets go, a registered block becomes *cached*: free for page
+accounting but keeping its contents and key, in an LRU. A new request takes the cached blocks of its longest
+cached prefix (`take_cached_prefix`) and computes only the rest. Allocation uses plain free blocks first, then
+evicts the least recently used cached block, and only then asks the page source for pages. A page whose blocks
+are all free or cached counts as empty, so pages go back to the page source exactly as without caching (their
+cached blocks are evicted then): caching never keeps memory from other models.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+from array import array
+from collections import OrderedDict
 from typing import Callable, Protocol, Sequence
+
+_ROOT_HASH = b""  # the parent key of a request's first block
+
+
+def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
+    """The cache key of a full block: its tokens and, through the parent's key, every token before them. SHA-256,
+    as vLLM uses, so that two different prefixes never share a key in practice (a collision would serve wrong KV)."""
+    return hashlib.sha256(parent_hash + array("q", token_ids).tobytes()).digest()
 
 
 class HasBlockTable(Protocol):
     block_ids: list[int]  # the request's KV blocks, in token order
+
+
+class CacheableSequence(HasBlockTable, Protocol):
+    token_ids: list[int]
+    num_computed_tokens: int  # KV exists for this many of token_ids
+    block_hashes: list[bytes]  # keys of its full token blocks so far (tokens never change, so neither do keys)
+    num_registered_blocks: int  # leading blocks of block_ids already offered to the cache
 
 
 class BlockManager:
@@ -28,6 +57,7 @@ class BlockManager:
         acquire_pages: Callable[[int], list[int] | None],
         release_pages: Callable[[list[int]], None],
         num_free_pages_cached: int = 1,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if block_size < 1 or blocks_per_page < 1 or max_num_pages < 1:
             raise ValueError("block_size, blocks_per_page and max_num_pages must be >= 1")
@@ -41,6 +71,12 @@ class BlockManager:
         self._free_set: set[int] = set()  # the truth; heap entries not in it are stale
         self._num_used_by_page: dict[int, int] = {}  # held pages only
         self._num_extra_holders: dict[int, int] = {}  # shared blocks (n > 1): holders beyond the first
+        self.enable_prefix_caching = enable_prefix_caching
+        self._block_of_hash: dict[bytes, int] = {}  # registered blocks, held or cached
+        self._hash_of_block: dict[int, bytes] = {}
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unheld registered blocks, least recently used first
+        self.num_prefix_cache_queries = 0  # tokens of admitted requests looked up (vLLM: prefix_cache_queries)
+        self.num_prefix_cache_hits = 0  # of those, tokens found cached (vLLM: prefix_cache_hits)
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -49,13 +85,22 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_held_pages * self.blocks_per_page - len(self._free_set)
+        return self.num_held_pages * self.blocks_per_page - len(self._free_set) - len(self._cached)
 
     @property
     def num_free_blocks(self) -> int:
-        """Free blocks in held pages plus the blocks of pages this engine may still take (when the page source is
-        shared, those may be in use by other models: an upper bound)."""
-        return len(self._free_set) + (self.max_num_pages - self.num_held_pages) * self.blocks_per_page
+        """Free and cached blocks in held pages plus the blocks of pages this engine may still take (when the page
+        source is shared, those may be in use by other models: an upper bound)."""
+        return self._num_takeable_blocks + (self.max_num_pages - self.num_held_pages) * self.blocks_per_page
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks no request holds that keep their KV for a later request with the same prefix."""
+        return len(self._cached)
+
+    @property
+    def _num_takeable_blocks(self) -> int:
+        return len(self._free_set) + len(self._cached)
 
     @property
     def max_num_blocks(self) -> int:
@@ -75,7 +120,7 @@ class BlockManager:
         num_needed = self.num_blocks_for(num_tokens) - len(block_ids)
         if num_needed <= 0:
             return []
-        shortfall = num_needed - len(self._free_set)
+        shortfall = num_needed - self._num_takeable_blocks
         if shortfall > 0:
             num_pages = -(-shortfall // self.blocks_per_page)
             if self.num_held_pages + num_pages > self.max_num_pages:
@@ -85,7 +130,7 @@ class BlockManager:
                 return None
             for page in pages:
                 self._add_page(page)
-        new_ids = [self._pop_free() for _ in range(num_needed)]
+        new_ids = [self._pop_free() if self._free_set else self._evict_least_recent() for _ in range(num_needed)]
         for block_id in new_ids:
             self._num_used_by_page[block_id // self.blocks_per_page] += 1
         return new_ids
@@ -110,10 +155,13 @@ class BlockManager:
         return True
 
     def release(self, seq: HasBlockTable) -> None:
-        """Give back every block of `seq` (a shared one only once its last holder lets go); its table is empty."""
+        """Give back every block of `seq` (a shared one only once its last holder lets go); its table is empty.
+        Freed in reverse, so that a prefix's tail blocks are evicted before its head (vLLM's order)."""
         if seq.block_ids:
-            self.free(seq.block_ids)
+            self.free(seq.block_ids[::-1])
             seq.block_ids = []
+        if getattr(seq, "num_registered_blocks", 0):
+            seq.num_registered_blocks = 0
 
     def fork(self, parent: HasBlockTable, child: HasBlockTable, num_tokens: int,
              copy_block: Callable[[int, int], None]) -> bool:
@@ -131,6 +179,84 @@ class BlockManager:
         child.block_ids = blocks + partial
         return True
 
+    # ---- prefix caching ------------------------------------------------------------------------------------
+    def take_cached_prefix(self, seq: CacheableSequence) -> int:
+        """For a request with no blocks yet: hold the cached blocks of its longest cached prefix, appended to its
+        table, and return how many tokens they cover (0 when caching is off). The last token is never a hit, so
+        that it is computed and gives logits to sample (and no shared block is ever written)."""
+        if not self.enable_prefix_caching or seq.block_ids:
+            return 0
+        num_lookup_blocks = (len(seq.token_ids) - 1) // self.block_size
+        hits = []
+        for block_hash in self._block_hashes(seq, num_lookup_blocks):
+            block_id = self._block_of_hash.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        for block_id in hits:
+            self._hold_registered(block_id)
+        seq.block_ids.extend(hits)
+        seq.num_registered_blocks = len(hits)
+        return len(hits) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (the scheduler calls it once the request is in)."""
+        if self.enable_prefix_caching:
+            self.num_prefix_cache_queries += num_tokens
+            self.num_prefix_cache_hits += num_hit_tokens
+
+    def cache_computed_blocks(self, seq: CacheableSequence) -> None:
+        """Register the full blocks of `seq` whose KV is now computed, so that later requests can share them. A key
+        that another block already holds is left to that block (the same KV computed twice)."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        if num_full <= seq.num_registered_blocks:
+            return
+        hashes = self._block_hashes(seq, num_full)
+        for index in range(seq.num_registered_blocks, num_full):
+            block_id, block_hash = seq.block_ids[index], hashes[index]
+            if block_hash not in self._block_of_hash and block_id not in self._hash_of_block:
+                self._block_of_hash[block_hash] = block_id
+                self._hash_of_block[block_id] = block_hash
+        seq.num_registered_blocks = num_full
+
+    def drop_cached_blocks(self) -> None:
+        """Forget every key (the KV no longer matches, e.g. new weights): cached blocks become plain free blocks."""
+        for block_id in list(self._cached):
+            self._forget(block_id)
+            self._free_set.add(block_id)
+            heapq.heappush(self._free_heap, block_id)
+        self._cached.clear()
+        self._block_of_hash.clear()
+        self._hash_of_block.clear()
+
+    def _block_hashes(self, seq: CacheableSequence, num_blocks: int) -> list[bytes]:
+        """The keys of the first `num_blocks` full blocks of `seq`'s tokens, computed once per sequence."""
+        hashes, bs = seq.block_hashes, self.block_size
+        while len(hashes) < num_blocks:
+            start = len(hashes) * bs
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else _ROOT_HASH, seq.token_ids[start:start + bs]))
+        return hashes[:num_blocks]
+
+    def _hold_registered(self, block_id: int) -> None:
+        """One more holder of a registered block: a cached one leaves the LRU and counts as used again."""
+        if block_id in self._cached:
+            del self._cached[block_id]
+            self._num_used_by_page[block_id // self.blocks_per_page] += 1
+        else:
+            self._num_extra_holders[block_id] = self._num_extra_holders.get(block_id, 0) + 1
+
+    def _evict_least_recent(self) -> int:
+        block_id, _ = self._cached.popitem(last=False)
+        self._forget(block_id)
+        return block_id
+
+    def _forget(self, block_id: int) -> None:
+        block_hash = self._hash_of_block.pop(block_id, None)
+        if block_hash is not None:
+            del self._block_of_hash[block_hash]
+
     def num_holders(self, block_id: int) -> int:
         return 1 + self._num_extra_holders.get(block_id, 0) if self.is_allocated(block_id) else 0
 
@@ -138,7 +264,7 @@ class BlockManager:
         empty_pages = []
         for block_id in block_ids:
             page = block_id // self.blocks_per_page
-            if page not in self._num_used_by_page or block_id in self._free_set:
+            if not self.is_allocated(block_id):
                 raise ValueError(f"block {block_id} is not allocated")
             extra = self._num_extra_holders.get(block_id, 0)
             if extra:  # another holder keeps it
@@ -147,8 +273,11 @@ class BlockManager:
                 else:
                     self._num_extra_holders[block_id] = extra - 1
                 continue
-            self._free_set.add(block_id)
-            heapq.heappush(self._free_heap, block_id)
+            if block_id in self._hash_of_block:
+                self._cached[block_id] = None  # the most recently used end
+            else:
+                self._free_set.add(block_id)
+                heapq.heappush(self._free_heap, block_id)
             self._num_used_by_page[page] -= 1
             if self._num_used_by_page[page] == 0:
                 empty_pages.append(page)
@@ -156,7 +285,8 @@ class BlockManager:
             self._return_empty_pages()
 
     def is_allocated(self, block_id: int) -> bool:
-        return block_id // self.blocks_per_page in self._num_used_by_page and block_id not in self._free_set
+        return (block_id // self.blocks_per_page in self._num_used_by_page and block_id not in self._free_set
+                and block_id not in self._cached)
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _add_page(self, page: int) -> None:
@@ -184,6 +314,10 @@ class BlockManager:
             del self._num_used_by_page[page]
             first = page * self.blocks_per_page
             self._free_set.difference_update(range(first, first + self.blocks_per_page))
+            for block_id in range(first, first + self.blocks_per_page):
+                if block_id in self._cached:  # its page leaves: the KV goes with it
+                    del self._cached[block_id]
+                    self._forget(block_id)
         self._release_pages(to_release)
         if len(self._free_heap) > 4 * max(len(self._free_set), 64):  # drop stale entries now and then
             self._free_heap = sorted(self._free_set)

@@ -112,6 +112,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV reservation; None: 256 MiB on CPU, 8 GiB on CUDA
     page_size_bytes: int = 2 * MiB  # page size of the plain pool used when no KVPageSource is given
     num_free_pages_cached: int = 1  # empty KV pages kept before returning pages to the pool (hysteresis)
+    enable_prefix_caching: bool = True  # reuse the KV of full blocks of a prompt prefix seen before (block_manager)
     use_cuda_graphs: bool = True  # CUDA only: decode steps replayed from captured graphs
     cuda_graph_max_batch_size: int = 64
     seed: int = 0  # the sampler's generator for requests without their own seed

@@ -122,6 +122,7 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
             acquire_pages=self.kv_cache.acquire_pages,
             release_pages=self.kv_cache.release_pages,
             num_free_pages_cached=cfg.num_free_pages_cached,
+            enable_prefix_caching=cfg.enable_prefix_caching,
         )
         null_block = self.block_manager.allocate([], 1)
         if not null_block:
@@ -230,6 +231,8 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
                 num_decode += num_new if is_decode else 0
                 num_prefill += 0 if is_decode else num_new
                 seq.num_computed_tokens += num_new
+                if seq.is_prefix_cacheable:
+                    self.block_manager.cache_computed_blocks(seq)
             self.num_prefill_tokens_computed += num_prefill
             for k, seq in enumerate(sampled):
                 if self.config.keep_logits:
@@ -242,6 +245,12 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
             self.metrics.record_step(finished_s, finished_s - started, num_prefill, num_decode)
             self.last_step = StepRecord(num_prefill, num_decode, len(batch.seqs), finished_s - started)
         return outputs
+
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix block (they become plain free blocks): their KV is about to be lost or was
+        (the pages slept, new weights). Blocks of live requests keep their KV; only its reuse by others ends."""
+        with self._lock:
+            self.block_manager.drop_cached_blocks()
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -259,6 +268,9 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
                 decode_tokens_per_s=decode_tps,
                 num_held_prefills=len(self._held),
                 num_preemptions=self.num_preemptions,
+                prefix_cache_queries=self.block_manager.num_prefix_cache_queries,
+                prefix_cache_hits=self.block_manager.num_prefix_cache_hits,
+                num_kv_blocks_cached=self.block_manager.num_cached_blocks,
             )
 
     # ---- internals ----------------------------------------------------------------------------------------

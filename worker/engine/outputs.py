@@ -53,6 +53,13 @@ class EngineStats:
     decode_tokens_per_s: float | None
     num_held_prefills: int = 0  # P/D: finished prefills whose KV blocks wait for transfer
     num_preemptions: int = 0  # since start: requests recomputed because KV blocks ran out
+    prefix_cache_queries: int = 0  # since start: prompt tokens of admitted requests looked up in the prefix cache
+    prefix_cache_hits: int = 0  # since start: of those, tokens whose KV was found cached (not computed)
+    num_kv_blocks_cached: int = 0  # free blocks keeping a prefix's KV (counted in num_kv_blocks_free)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
 
 
 @dataclass(frozen=True)

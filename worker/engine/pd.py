@@ -108,6 +108,8 @@ class PrefillDecodeMixin:
             request_id=request_id, token_ids=prompt + [int(first_token_id)], num_prompt_tokens=len(prompt),
             sampling=sampling, arrival_s=0.0, num_computed_tokens=len(prompt), block_ids=list(reserved),
             num_inherited_output_tokens=1,
+            # its prompt KV came over the wire: a faulty transfer must not be served to other requests as a hit
+            is_prefix_cacheable=False,
         )
         self._inbox.append(("add_decode", seq))
 

@@ -5,6 +5,8 @@ of the prompt, capped by the budget, for a prefilling one), then waiting request
 the batch size and the blocks allow. The only question asked of memory is `allocate(...) -> blocks | None`; when
 it says None for a running request, the most recently admitted running request is preempted: its blocks are freed
 and it goes back to the front of the queue, to be recomputed from its tokens later (vLLM v1's policy).
+A request admitted with no KV first takes the cached blocks of its longest cached prefix (prefix caching, in the
+block manager) and computes from there.
 """
 from __future__ import annotations
 
@@ -75,9 +77,16 @@ class Scheduler:
         # No admissions in a step that had to preempt: memory is short, admitting would only thrash.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             seq = self.waiting[0]
+            is_lookup = not seq.block_ids and not seq.num_computed_tokens  # no KV yet (not a P/D hand-over)
+            num_cached_tokens = self._take_cached_prefix(seq) if is_lookup else 0
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.grow(seq, seq.num_computed_tokens + num_new):
+                if num_cached_tokens:  # let the cached blocks go again: they stay cached for the next try
+                    self.block_manager.release(seq)
+                    seq.num_computed_tokens = 0
                 break
+            if is_lookup:
+                self.block_manager.record_prefix_query(seq.num_tokens, num_cached_tokens)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -85,6 +94,12 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def _take_cached_prefix(self, seq: Sequence) -> int:
+        """Tokens of `seq` whose KV is found cached, now held in its table and counted as computed."""
+        num_cached_tokens = self.block_manager.take_cached_prefix(seq)
+        seq.num_computed_tokens = num_cached_tokens
+        return num_cached_tokens
 
     def _grow(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Blocks for `num_new` more tokens of `seq`, preempting from the back of the running list as needed.

@@ -42,6 +42,11 @@ class Sequence:
     group_id: str = ""  # the client's request id ("" for index 0: request_id is)
     index: int = 0
     num_forks_pending: int = 0
+    # Prefix caching (block_manager): keys of the full token blocks, and how many leading blocks were offered to the
+    # cache. False for a P/D decode side's request, whose prompt KV another instance wrote: it registers nothing.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    is_prefix_cacheable: bool = True
 
     @property
     def client_id(self) -> str:

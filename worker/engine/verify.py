@@ -60,7 +60,10 @@ class WeightVerificationMixin:
 
     def verify_weights(self, reference: CanaryResult | None = None) -> bool:
         """The canary matches `reference` (default: the one recorded right after the load from disk, or handed to
-        the constructor). Raises ValueError when there is none (an engine built with `load_weights=False`)."""
+        the constructor). Raises ValueError when there is none (an engine built with `load_weights=False`).
+        The prefix cache is dropped: an engine is verified after a wake, restore or fork, when its KV pages may have
+        been unmapped and backed again, so no cached block's KV can be trusted."""
+        self.drop_prefix_cache()
         reference = reference or self.reference_canary
         if reference is None:
             raise ValueError("no reference canary to verify against: built without weights; prove the bytes another "
@@ -69,7 +72,9 @@ class WeightVerificationMixin:
 
     def record_reference_canary(self, num_steps: int = 2) -> CanaryResult:
         """Run the canary now and keep it as the reference: for weights whose bytes are already proven (read from
-        disk, or checksums equal to a verified replica's). Raises ValueError when its logits are not finite."""
+        disk, or checksums equal to a verified replica's). Raises ValueError when its logits are not finite.
+        Drops the prefix cache, as `verify_weights` does."""
+        self.drop_prefix_cache()
         result = self.canary(num_steps)
         if not all(math.isfinite(x) for x in result.top_logits):
             raise ValueError("the canary's logits are not finite: these weights cannot be a model")
@@ -94,6 +99,7 @@ class WeightVerificationMixin:
         with self._lock:
             self.model.weights = self.weight_layout.bind(buffer)
             self.weight_buffer = buffer
+            self.block_manager.drop_cached_blocks()  # KV computed with other weights must not be served as a hit
             if self.runner.graphs is not None:
                 with self._stream_context():
                     self.runner.graphs.recapture()

@@ -163,6 +163,9 @@ class ModelInstance:
         """Warm: weight and KV pages go back to the pool; views, engine metadata and the host copy stay."""
         started = time.perf_counter()
         if has_weights(self.engine) and not self.pages.is_asleep(self.owner):
+            drop_prefix_cache = getattr(self.engine, "drop_prefix_cache", None)
+            if drop_prefix_cache is not None:  # the KV pages' contents are lost: no cached prefix survives
+                drop_prefix_cache()
             self.pages.sleep(self.owner)
         self.segments = ()
         return _ms_since(started)

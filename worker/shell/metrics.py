@@ -15,6 +15,14 @@ RUNNING = gauge("janus_worker_running_requests", "requests in the running batch"
 WAITING = gauge("janus_worker_waiting_requests", "requests admitted and waiting", ("worker", "model"))
 DECODE_TPS = gauge("janus_worker_decode_tokens_per_second", "measured decode throughput", ("worker", "model"))
 PREFILL_TPS = gauge("janus_worker_prefill_tokens_per_second", "measured prefill throughput", ("worker", "model"))
+# vLLM's prefix_cache_queries / prefix_cache_hits, summed over a model's engines on this worker. Gauges of the engines'
+# counts since their start (an engine rebuilt starts again at 0), so rate() over them needs no counter-reset handling.
+PREFIX_QUERIES = gauge("janus_worker_prefix_cache_queries_tokens",
+                       "prompt tokens looked up in the engines' prefix caches since engine start", ("worker", "model"))
+PREFIX_HITS = gauge("janus_worker_prefix_cache_hits_tokens",
+                    "prompt tokens found in the engines' prefix caches since engine start", ("worker", "model"))
+PREFIX_HIT_RATE = gauge("janus_worker_prefix_cache_hit_rate", "prefix cache hits / queries (tokens) since engine start",
+                        ("worker", "model"))
 
 
 # label sets each worker set last time: a model that left the device must leave the scrape too, not stay frozen
@@ -45,6 +53,28 @@ def observe_heartbeat(hb) -> None:
     for metric, labels in _last_labels.get(w, set()) - now:
         metric.remove(*labels)
     _last_labels[w] = now
+
+
+_last_prefix_labels: dict[str, set[tuple]] = {}
+
+
+def observe_prefix_cache(worker_id: str, stats_by_model: list[tuple[str, object]]) -> None:
+    """Set the prefix cache series from each engine's stats ((model, EngineStats) pairs; the heartbeat's contract
+    does not carry them)."""
+    totals: dict[str, list[int]] = {}
+    for model, st in stats_by_model:
+        sums = totals.setdefault(model, [0, 0])
+        sums[0] += getattr(st, "prefix_cache_queries", 0)
+        sums[1] += getattr(st, "prefix_cache_hits", 0)
+    now = {(worker_id, model) for model in totals}
+    for model, (queries, hits) in totals.items():
+        PREFIX_QUERIES.labels(worker_id, model).set(queries)
+        PREFIX_HITS.labels(worker_id, model).set(hits)
+        PREFIX_HIT_RATE.labels(worker_id, model).set(hits / queries if queries else 0.0)
+    for labels in _last_prefix_labels.get(worker_id, set()) - now:
+        for metric in (PREFIX_QUERIES, PREFIX_HITS, PREFIX_HIT_RATE):
+            metric.remove(*labels)
+    _last_prefix_labels[worker_id] = now
 
 
 def observe_transition(event) -> None:

@@ -54,7 +54,7 @@ from ..lifecycle.commands import CommandBook
 from ..lifecycle.controller import LifecycleController
 from ..lifecycle.instance import ModelInstance
 from ..lifecycle.parking import SteppedEngine
-from .metrics import observe_heartbeat, observe_transition
+from .metrics import observe_heartbeat, observe_prefix_cache, observe_transition
 from ..dataplane.pd_flow import PrefillDecodeFlow
 from .process_env import configure_worker_process
 from ..dataplane.resend import ResendServer
@@ -469,6 +469,8 @@ class WorkerService(Service):
                              self.transfer.session if self.transfer else "", self.is_stopping,
                              self.lifecycle.host_offers.offered())
         observe_heartbeat(hb)
+        observe_prefix_cache(self.worker_id, [(i.model, i.engine.stats()) for i in list(self.residents.values())
+                                              if i.engine is not None])
         return hb
 
     async def _heartbeat_forever(self) -> None:
