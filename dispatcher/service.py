@@ -45,7 +45,7 @@ from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
 from .core.record_truth import corrected_by_heartbeat
 from .core.streaming import StreamingBook
-from .metrics import ASSIGNED, QUEUE_DEPTH, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
+from .metrics import ASSIGNED, QUEUE_DEPTH, QUEUE_TIME_S, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
 
 log = logging.getLogger("janus.dispatcher")
 
@@ -78,6 +78,7 @@ class DispatcherService(Service):
                                    dispatcher_id=settings.instance)
         self.models = {m.name for m in cluster.models}
         self._requests: dict[str, GenerateRequest] = {}
+        self._queued_since_s: dict[str, float] = {}  # request id -> when it (re)entered the queue, monotonic s
         # past the first token, by the instance streaming each: failed by us if that instance dies
         self._streaming = StreamingBook()
         self._next_expiry_s = 0.0
@@ -121,12 +122,14 @@ class DispatcherService(Service):
         if req.model not in self.models:
             raise BusError.of(ErrorCode.UNKNOWN_MODEL, f"model {req.model} is not served by this cluster")
         self._requests[req.request_id] = req
+        self._queued_since_s[req.request_id] = time.monotonic()
         effects = self.core.on_request(now_ms(), req)
         own = next((e for e in effects if isinstance(e, Reject) and e.request_id == req.request_id), None)
         await self._apply([e for e in effects if e is not own])
         self._kick.set()
         if own is not None:
             self._requests.pop(req.request_id, None)
+            self._queued_since_s.pop(req.request_id, None)
             self.num_rejected += 1
             REJECTED.labels(own.model, own.code.value).inc()
             return SubmitAck(request_id=req.request_id, status="rejected", error=own.error_info(),
@@ -152,6 +155,7 @@ class DispatcherService(Service):
 
     async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
         self._requests.pop(cancel.request_id, None)
+        self._queued_since_s.pop(cancel.request_id, None)
         self._streaming.forget(cancel.request_id)
         await self._apply(self.core.on_cancel(now_ms(), cancel.request_id))
 
@@ -320,11 +324,16 @@ class DispatcherService(Service):
                 await self.bus.publish(subjects.model_telemetry(window.model), window, propagate=False)
             elif isinstance(effect, Requeued):
                 REQUEUED.labels(effect.model).inc()
+                if effect.request_id in self._requests:  # a new wait, not counting the failed attempt's
+                    self._queued_since_s[effect.request_id] = time.monotonic()
                 log.info("%s", effect)
             elif isinstance(effect, Relaxed):
                 log.info("%s", effect)
 
     async def _assign(self, a: Assign) -> None:
+        queued_since_s = self._queued_since_s.pop(a.request_id, None)
+        if queued_since_s is not None:
+            QUEUE_TIME_S.labels(a.model).observe(time.monotonic() - queued_since_s)
         req = self._requests.get(a.request_id)
         if req is None:
             log.warning("assignment of unknown request %s dropped", a.request_id)
@@ -381,6 +390,7 @@ class DispatcherService(Service):
 
     async def _reject(self, r: Reject) -> None:
         req = self._requests.pop(r.request_id, None)
+        self._queued_since_s.pop(r.request_id, None)
         self.num_rejected += 1
         REJECTED.labels(r.model, r.code.value).inc()
         if req is None:

@@ -21,6 +21,7 @@ from .core.errors import ApiError, error_body
 from .core.responses import Choice, Completion, apply_chunk, apply_done, chunk_body, final_body, logprobs_body
 from .core.responses import token_entries, usage_chunk
 from .core.tools import ToolPlan, held_back, parse_calls
+from .metrics import InterTokenClock
 
 Event = TokenChunk | RequestDone | RequestFailed
 TokenPieces = Callable[[int], tuple[str, bytes]]  # a token id -> its text and bytes (logprobs name each token)
@@ -102,8 +103,10 @@ async def respond(request: Request, requests: list[GenerateRequest], submit, sha
     events = merged([submit(r) for r in requests])
     if shape.stream:
         first = await _first_event(events)  # errors before the first token become a plain HTTP error
+        clock = InterTokenClock([(r.model, r.tenant) for r in requests])
+        clock.see(*first, time.monotonic())
         on_end = on_end_owner.pop()
-        return StreamingResponse(_stream(first, events, completion, shape, on_end),
+        return StreamingResponse(_stream(first, events, completion, shape, on_end, clock),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     collect = asyncio.ensure_future(_collect(events, completion, shape.n))
     watch = asyncio.ensure_future(_wait_disconnect(request))
@@ -168,7 +171,7 @@ async def _collect(events: AsyncIterator[Indexed], completion: Completion, n: in
 
 
 async def _stream(first: Indexed, events: AsyncIterator[Indexed], completion: Completion, shape: Shape,
-                  on_end) -> AsyncIterator[bytes]:
+                  on_end, clock: InterTokenClock) -> AsyncIterator[bytes]:
     n, kind = shape.n, shape.kind
     # a token that ends inside a multi-byte character has no text yet: its chunk is held back, and its logprob
     # rides on the next chunk of its choice (clients count tokens by logprobs; none may be lost)
@@ -176,8 +179,9 @@ async def _stream(first: Indexed, events: AsyncIterator[Indexed], completion: Co
 
     async def chain() -> AsyncIterator[Indexed]:
         yield first
-        async for item in events:
-            yield item
+        async for p, ev in events:
+            clock.see(p, ev, time.monotonic())  # as the response takes it: the gaps its client sees
+            yield p, ev
 
     def with_usage(chunk: dict) -> dict:
         return {**chunk, "usage": completion.usage()} if shape.include_usage == "continuous" else chunk

@@ -61,11 +61,19 @@ _RESUBMIT = object()
 class _Meter:
     """What one request looked like from the gateway, for its Prometheus series."""
 
-    started_s: float
+    started_s: float  # submitted (monotonic s)
+    arrived_s: float | None = None  # accepted by the HTTP app, before tokenising (monotonic s)
     first_token_s: float | None = None
     last_token_s: float | None = None
+    ended_s: float | None = None  # the terminal event
     num_tokens: int = 0
     status: str = "lost"
+
+    @classmethod
+    def of(cls, request: GenerateRequest, now_s: float, now_unix_ms: float) -> "_Meter":
+        # the arrival is stamped on the wall clock (one clock for every service): moved onto the monotonic one
+        waited_s = max(0.0, (now_unix_ms - request.arrival_unix_ms) / 1e3)
+        return cls(started_s=now_s, arrived_s=now_s - waited_s)
 
     def see(self, event: object, now_s: float) -> None:
         if isinstance(event, TokenChunk):
@@ -73,16 +81,18 @@ class _Meter:
                 self.first_token_s = now_s
             self.last_token_s = now_s
             self.num_tokens += len(event.token_ids)
-        elif isinstance(event, RequestFailed):
-            self.status = event.error.code.value
-        else:
-            self.status = "ok"
+            return
+        self.ended_s = now_s
+        self.status = event.error.code.value if isinstance(event, RequestFailed) else "ok"
 
-    def record(self, request: GenerateRequest) -> None:
+    def record(self, request: GenerateRequest, now_s: float) -> None:
+        """`now_s`: the end of a request that ended without a terminal event (the client went away)."""
         ttft = None if self.first_token_s is None else self.first_token_s - self.started_s
         last = None if self.last_token_s is None else self.last_token_s - self.started_s
+        arrived_s = self.started_s if self.arrived_s is None else self.arrived_s
+        e2e = (now_s if self.ended_s is None else self.ended_s) - arrived_s
         observe_request(request.model, request.tenant, self.status, ttft_s=ttft, last_token_s=last,
-                        num_tokens=self.num_tokens)
+                        num_tokens=self.num_tokens, num_prompt_tokens=request.num_prompt_tokens, e2e_s=e2e)
 
 
 @dataclass
@@ -155,7 +165,7 @@ class GatewayService(Service):
         pending = _Pending(request_id=request.request_id)
         is_terminal = False
         attempt = request
-        meter = _Meter(time.monotonic())
+        meter = _Meter.of(request, time.monotonic(), time.time() * 1e3)
         IN_FLIGHT.labels(request.model).inc()
         try:
             for submission in range(MAX_NUM_SUBMISSIONS):
@@ -204,7 +214,7 @@ class GatewayService(Service):
             if not is_terminal:
                 meter.status = "cancelled"
                 await self._cancel(attempt.request_id)  # the consumer stopped early: the client went away
-            meter.record(request)
+            meter.record(request, time.monotonic())
 
     async def _events_of(self, pending: "_Pending", request: GenerateRequest) -> AsyncIterator[object]:
         deadline = time.monotonic() + self.request_timeout_s

@@ -125,6 +125,7 @@ async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(
     ttft_sum = sum(samples(gw, "janus_gateway_ttft_seconds_sum", model="demo-tiny"))
     assert 0 < ttft_sum / ttft_count < 5.0  # seconds: a plausible mean TTFT for the echo engine
     assert sum(samples(gw, "janus_gateway_output_tokens_total", model="demo-tiny")) >= 9
+    await _streamed_request_moves_the_vllm_style_series(echo_cluster, gw)
 
     async def dispatcher_queue_depth() -> str | None:  # the gauge follows the load windows it publishes every 0.5 s
         text = await scrape(echo_cluster.dispatcher.metrics_url)
@@ -133,6 +134,44 @@ async def test_gateway_and_dispatcher_metrics_are_scraped_with_plausible_values(
     disp = await wait_for(dispatcher_queue_depth, timeout_s=10, what="the dispatcher's queue-depth gauge")
     assert sum(samples(disp, "janus_dispatcher_assignments_total", model="demo-tiny")) >= 3
     assert samples(disp, "janus_dispatcher_queue_depth", model="demo-tiny") == [0.0]  # all answered
+    waits = sum(samples(disp, "janus_dispatcher_request_queue_time_seconds_count", model="demo-tiny"))
+    assert waits >= 4  # one per assignment: the 3 requests above and the streamed one
+    assert 0 <= sum(samples(disp, "janus_dispatcher_request_queue_time_seconds_sum", model="demo-tiny")) / waits < 5.0
+
+
+async def _streamed_request_moves_the_vllm_style_series(cluster, before: str) -> None:
+    """Prompt tokens as the usage counts them, one more end-to-end latency, a gap between each two token chunks."""
+    def total(text: str, name: str) -> float:
+        return sum(samples(text, name, model="demo-tiny"))
+
+    texts, usage = [], None
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=CLIENT_TIMEOUT_S) as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "model": "demo-tiny", "prompt": [9, 8, 7], "max_tokens": 4,
+                "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200, (await r.aread()).decode()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    event = json.loads(line[6:])
+                    usage = event.get("usage") or usage
+                    texts += [c["text"] for c in event["choices"] if c["text"]]  # one per token chunk: "<n>"
+    e2e = "janus_gateway_e2e_request_latency_seconds_count"
+
+    async def recorded() -> str | None:  # the request is recorded as its stream closes, maybe after [DONE] went out
+        text = await scrape(f"{cluster.url}/metrics")
+        return text if total(text, e2e) > total(before, e2e) else None
+
+    after = await wait_for(recorded, timeout_s=10, what="the streamed request's end-to-end latency")
+    assert usage is not None and usage["prompt_tokens"] == 3 and len(texts) >= 2
+    assert total(after, "janus_gateway_prompt_tokens_total") - total(before, "janus_gateway_prompt_tokens_total") \
+        == usage["prompt_tokens"]
+    assert total(after, "janus_gateway_output_tokens_total") - total(before, "janus_gateway_output_tokens_total") \
+        == usage["completion_tokens"]
+    assert total(after, e2e) - total(before, e2e) == 1
+    itl = "janus_gateway_inter_token_latency_seconds_count"
+    assert total(after, itl) - total(before, itl) == len(texts) - 1
+    e2e_s = "janus_gateway_e2e_request_latency_seconds_sum"
+    assert 0 < (total(after, e2e_s) - total(before, e2e_s)) < CLIENT_TIMEOUT_S
 
 
 async def test_worker_metrics_show_pages_transitions_and_batches(echo_cluster):

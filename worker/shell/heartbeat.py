@@ -11,8 +11,14 @@ from contracts import DeviceInfo, HostCopy, InstanceStatus, ModelState, PageCoun
 from ..lifecycle.instance import ModelInstance
 
 
-def instance_status(inst: ModelInstance, host_copy: HostCopy | None = None) -> InstanceStatus:
-    st = inst.engine.stats() if inst.engine is not None else None  # bookkeeping only: safe while parked
+def read_stats(instances: dict[str, ModelInstance]) -> dict[str, Any]:
+    """Each engine's stats by instance id, read once: stats() takes the engine's lock (bookkeeping only: safe while
+    parked)."""
+    return {iid: inst.engine.stats() for iid, inst in list(instances.items()) if inst.engine is not None}
+
+
+def instance_status(inst: ModelInstance, host_copy: HostCopy | None = None, st: Any = None) -> InstanceStatus:
+    """`st`: the engine's stats (read_stats); None for an instance without an engine."""
     return InstanceStatus(
         instance_id=inst.instance_id, model=inst.model, role=inst.role, pool=inst.pool_kind, state=inst.state,
         num_waiting=getattr(st, "num_waiting", 0), num_running=getattr(st, "num_running", 0),
@@ -51,10 +57,13 @@ def device_info(pages: Any) -> DeviceInfo:
 
 def build_heartbeat(worker_id: str, seq: int, now_unix_ms: float, pages: Any, instances: dict[str, ModelInstance],
                     transfer_session: str, is_draining: bool,
-                    host_copies: Mapping[str, HostCopy] | None = None) -> WorkerHeartbeat:
-    """`host_copies`: the host copies offered to peers, by instance id (HostCopyOffers)."""
+                    host_copies: Mapping[str, HostCopy] | None = None,
+                    stats: Mapping[str, Any] | None = None) -> WorkerHeartbeat:
+    """`host_copies`: the host copies offered to peers, by instance id (HostCopyOffers). `stats`: the engines' stats
+    by instance id (read_stats), when the caller needs them too; read here otherwise."""
     offered = host_copies or {}
-    statuses: Iterable[InstanceStatus] = (instance_status(i, offered.get(i.instance_id))
+    stats = read_stats(instances) if stats is None else stats
+    statuses: Iterable[InstanceStatus] = (instance_status(i, offered.get(i.instance_id), stats.get(i.instance_id))
                                           for i in list(instances.values()))
     return WorkerHeartbeat(worker_id=worker_id, seq=seq, sent_unix_ms=now_unix_ms, device=device_info(pages),
                            pages=page_counters_by_model(pages.counters(), instances), instances=tuple(statuses),

@@ -15,6 +15,10 @@ RUNNING = gauge("janus_worker_running_requests", "requests in the running batch"
 WAITING = gauge("janus_worker_waiting_requests", "requests admitted and waiting", ("worker", "model"))
 DECODE_TPS = gauge("janus_worker_decode_tokens_per_second", "measured decode throughput", ("worker", "model"))
 PREFILL_TPS = gauge("janus_worker_prefill_tokens_per_second", "measured prefill throughput", ("worker", "model"))
+# vLLM's kv_cache_usage_perc (a ratio too, despite its name), over a model's engines on this worker. Blocks keeping a
+# cached prefix for reuse count as free: an arriving request may take them.
+KV_USAGE = gauge("janus_worker_kv_cache_usage_ratio", "KV blocks in use / KV blocks the engines may hold",
+                 ("worker", "model"))
 # vLLM's prefix_cache_queries / prefix_cache_hits, summed over a model's engines on this worker. Gauges of the engines'
 # counts since their start (an engine rebuilt starts again at 0), so rate() over them needs no counter-reset handling.
 PREFIX_QUERIES = gauge("janus_worker_prefix_cache_queries_tokens",
@@ -43,6 +47,8 @@ def observe_heartbeat(hb) -> None:
         for kind, n in kinds.items():
             put(PAGES, (w, model, kind), n)
     FRAGMENTATION.labels(w).set(hb.pages.fragmentation)
+    for model, ratio in kv_usage_by_model(hb.instances).items():
+        put(KV_USAGE, (w, model), ratio)
     for st in hb.instances:
         put(RUNNING, (w, st.model), st.num_running)
         put(WAITING, (w, st.model), st.num_waiting)
@@ -53,6 +59,17 @@ def observe_heartbeat(hb) -> None:
     for metric, labels in _last_labels.get(w, set()) - now:
         metric.remove(*labels)
     _last_labels[w] = now
+
+
+def kv_usage_by_model(statuses) -> dict[str, float]:
+    """Used / (used + free) KV blocks per model, summed over its instances that have an engine (the engine counts
+    as free the blocks of pages it may still take: used + free is the most it may hold)."""
+    sums: dict[str, list[int]] = {}
+    for st in statuses:
+        used_free = sums.setdefault(st.model, [0, 0])
+        used_free[0] += st.num_kv_blocks_used
+        used_free[1] += st.num_kv_blocks_free
+    return {model: used / (used + free) for model, (used, free) in sums.items() if used + free}
 
 
 _last_prefix_labels: dict[str, set[tuple]] = {}

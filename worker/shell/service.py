@@ -49,7 +49,7 @@ from ..core.lifecycle import drain_decision
 from ..core.stream_log import StreamLog
 from ..core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
 from .engine_loop import EngineLoop
-from .heartbeat import build_heartbeat
+from .heartbeat import build_heartbeat, read_stats
 from ..lifecycle.commands import CommandBook
 from ..lifecycle.controller import LifecycleController
 from ..lifecycle.instance import ModelInstance
@@ -465,12 +465,13 @@ class WorkerService(Service):
     # --- telemetry ---
     def heartbeat(self) -> WorkerHeartbeat:
         self._seq += 1
-        hb = build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, self.residents,
+        residents = dict(self.residents)
+        stats = read_stats(residents)  # once per heartbeat: the heartbeat and the prefix cache series share them
+        hb = build_heartbeat(self.worker_id, self._seq, self.now_unix_ms(), self.pages, residents,
                              self.transfer.session if self.transfer else "", self.is_stopping,
-                             self.lifecycle.host_offers.offered())
+                             self.lifecycle.host_offers.offered(), stats)
         observe_heartbeat(hb)
-        observe_prefix_cache(self.worker_id, [(i.model, i.engine.stats()) for i in list(self.residents.values())
-                                              if i.engine is not None])
+        observe_prefix_cache(self.worker_id, [(residents[iid].model, st) for iid, st in stats.items()])
         return hb
 
     async def _heartbeat_forever(self) -> None:

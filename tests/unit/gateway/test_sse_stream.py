@@ -6,6 +6,7 @@ import pytest
 
 from contracts import RequestDone, TokenChunk
 from gateway.core.responses import Completion
+from gateway.metrics import InterTokenClock
 from gateway.respond import Shape, _stream
 
 
@@ -23,7 +24,7 @@ async def _body(events, kind: str, want_logprobs: bool) -> list[dict]:
     out = []
     pieces = (lambda t: (f"t{t}", f"t{t}".encode())) if want_logprobs else None
     shape = Shape(kind=kind, stream=True, include_usage=None, pieces=pieces)
-    async for raw in _stream((0, events[0]), rest(), completion, shape, lambda: None):
+    async for raw in _stream((0, events[0]), rest(), completion, shape, lambda: None, InterTokenClock([("m", "t")])):
         data = raw.decode().removeprefix("data: ").strip()
         if data != "[DONE]":
             out.append(json.loads(data))
