@@ -2,13 +2,18 @@
 VENV ?= .venv
 JANUS := $(VENV)/bin/janus
 
-.PHONY: setup up test test-fast bench lint clean image image-cuda
+.PHONY: setup up test test-fast bench lint clean image image-cuda clients
 
 setup:
 	@./scripts/setup.sh
 
 up: setup
 	$(JANUS) up $(if $(CONFIG),--config $(CONFIG),) $(if $(PORT),--port $(PORT),) $(UP_ARGS)
+
+# guidellm and aiperf, from PyPI, against a running gateway (`make up` in another shell; GATEWAY= another one):
+# docs/benchmarks.md, "Real clients"
+clients: setup
+	$(VENV)/bin/python bench/clients.py $(if $(GATEWAY),--gateway $(GATEWAY),) $(CLIENTS_ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)

@@ -34,14 +34,15 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import REPO_ROOT, table  # noqa: E402
+from bench.common import (  # noqa: E402
+    REPO_ROOT, aiperf_stat, aiperf_statuses, run_bounded, stop_group, table, venv_tool)
 
 AIPERF_VENV = REPO_ROOT / ".janus" / "aiperf-venv"
 VARIANTS = {
@@ -72,14 +73,7 @@ def find_aiperf(explicit: Path | None) -> Path:
     on_path = shutil.which("aiperf")
     if on_path:
         return Path(on_path)
-    exe = AIPERF_VENV / "bin" / "aiperf"
-    if not exe.exists():
-        spec = aiperf_spec()
-        print(f"installing {spec} into {AIPERF_VENV} (once) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(AIPERF_VENV)], check=True)
-        subprocess.run([str(AIPERF_VENV / "bin" / "python"), "-m", "pip", "install", "-q",
-                        "--disable-pip-version-check", spec], check=True)
-    return exe
+    return venv_tool(AIPERF_VENV, aiperf_spec(), "aiperf")
 
 
 class JanusUp:
@@ -123,22 +117,8 @@ class JanusUp:
     def stop(self, timeout_s: float = 90.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
         # the services are the launcher's children in its process group: none may outlive the run
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(5.0)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, signal.SIGINT, grace_s=timeout_s)
 
 
 class LoadSampler:
@@ -176,30 +156,18 @@ def run_aiperf(aiperf: Path, cluster: JanusUp, out_dir: Path, args: argparse.Nam
            "--prompt-input-tokens-mean", str(args.isl), "--prompt-output-tokens-mean", str(args.osl),
            "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", "7",
            "--ui-type", "none", "--output-artifact-dir", str(out_dir)]
-    with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=out_dir.parent,
-                       timeout=args.duration_s + args.grace_s + 600)
+    log = out_dir.parent / f"{out_dir.name}.log"
+    ran = run_bounded(cmd, args.duration_s + args.grace_s + 600, log, cwd=out_dir.parent)
+    if not ran.ok:
+        raise RuntimeError(f"aiperf {'timed out' if ran.timed_out else f'exited with {ran.returncode}'}: see {log}")
     return out_dir
 
 
 def read_results(out_dir: Path) -> dict:
     """Statuses from the per-request records (a failure carries its HTTP code); latency from the summary."""
-    statuses: Counter[str] = Counter()
-    with (out_dir / "profile_export.jsonl").open() as records:
-        for line in records:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec.get("metadata", {}).get("benchmark_phase", "profiling") != "profiling":
-                continue
-            err = rec.get("error")
-            statuses["200" if not err else str(err.get("code") or err.get("type") or "error")] += 1
+    statuses = aiperf_statuses(out_dir)
     summary = json.loads((out_dir / "profile_export_aiperf.json").read_text())
-
-    def stat(metric: str, key: str) -> float:
-        value = (summary.get(metric) or {}).get(key)
-        return float("nan") if value is None else float(value)
-
+    stat = partial(aiperf_stat, summary)
     total = sum(statuses.values())
     return {"requests": total, "completed": statuses["200"], "statuses": dict(statuses),
             "share_503": statuses["503"] / total if total else float("nan"),
