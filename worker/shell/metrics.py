@@ -29,36 +29,37 @@ PREFIX_HIT_RATE = gauge("janus_worker_prefix_cache_hit_rate", "prefix cache hits
                         ("worker", "model"))
 
 
-# label sets each worker set last time: a model that left the device must leave the scrape too, not stay frozen
-_last_labels: dict[str, set[tuple]] = {}
+# label sets each worker set last time, per group of series: a model that left the device must leave the scrape too,
+# not stay frozen
+_last_labels: dict[tuple[str, str], set[tuple]] = {}
+
+
+def _set_all(group: str, worker_id: str, values: list[tuple[object, tuple, float]]) -> None:
+    """Set each (gauge, labels, value) and remove the label sets this worker set last time in `group` but not now."""
+    now = set()
+    for metric, labels, value in values:
+        metric.labels(*labels).set(value)
+        now.add((metric, labels))
+    for metric, labels in _last_labels.get((group, worker_id), set()) - now:
+        metric.remove(*labels)
+    _last_labels[(group, worker_id)] = now
 
 
 def observe_heartbeat(hb) -> None:
     """Set the gauges from the heartbeat the worker is about to send (one source of truth for both)."""
     w = hb.worker_id
-    now: set[tuple] = set()
-
-    def put(metric, labels: tuple, value: float) -> None:
-        metric.labels(*labels).set(value)
-        now.add((metric, labels))
-
-    put(PAGES, (w, "", "free"), hb.pages.num_pages_free)
+    values = [(PAGES, (w, "", "free"), hb.pages.num_pages_free)]
     for model, kinds in hb.pages.pages_by_model.items():
-        for kind, n in kinds.items():
-            put(PAGES, (w, model, kind), n)
+        values += [(PAGES, (w, model, kind), n) for kind, n in kinds.items()]
     FRAGMENTATION.labels(w).set(hb.pages.fragmentation)
-    for model, ratio in kv_usage_by_model(hb.instances).items():
-        put(KV_USAGE, (w, model), ratio)
+    values += [(KV_USAGE, (w, model), ratio) for model, ratio in kv_usage_by_model(hb.instances).items()]
     for st in hb.instances:
-        put(RUNNING, (w, st.model), st.num_running)
-        put(WAITING, (w, st.model), st.num_waiting)
+        values += [(RUNNING, (w, st.model), st.num_running), (WAITING, (w, st.model), st.num_waiting)]
         if st.decode_tokens_per_s is not None:
-            put(DECODE_TPS, (w, st.model), st.decode_tokens_per_s)
+            values.append((DECODE_TPS, (w, st.model), st.decode_tokens_per_s))
         if st.prefill_tokens_per_s is not None:
-            put(PREFILL_TPS, (w, st.model), st.prefill_tokens_per_s)
-    for metric, labels in _last_labels.get(w, set()) - now:
-        metric.remove(*labels)
-    _last_labels[w] = now
+            values.append((PREFILL_TPS, (w, st.model), st.prefill_tokens_per_s))
+    _set_all("heartbeat", w, values)
 
 
 def kv_usage_by_model(statuses) -> dict[str, float]:
@@ -72,9 +73,6 @@ def kv_usage_by_model(statuses) -> dict[str, float]:
     return {model: used / (used + free) for model, (used, free) in sums.items() if used + free}
 
 
-_last_prefix_labels: dict[str, set[tuple]] = {}
-
-
 def observe_prefix_cache(worker_id: str, stats_by_model: list[tuple[str, object]]) -> None:
     """Set the prefix cache series from each engine's stats ((model, EngineStats) pairs; the heartbeat's contract
     does not carry them)."""
@@ -83,15 +81,12 @@ def observe_prefix_cache(worker_id: str, stats_by_model: list[tuple[str, object]
         sums = totals.setdefault(model, [0, 0])
         sums[0] += getattr(st, "prefix_cache_queries", 0)
         sums[1] += getattr(st, "prefix_cache_hits", 0)
-    now = {(worker_id, model) for model in totals}
+    values = []
     for model, (queries, hits) in totals.items():
-        PREFIX_QUERIES.labels(worker_id, model).set(queries)
-        PREFIX_HITS.labels(worker_id, model).set(hits)
-        PREFIX_HIT_RATE.labels(worker_id, model).set(hits / queries if queries else 0.0)
-    for labels in _last_prefix_labels.get(worker_id, set()) - now:
-        for metric in (PREFIX_QUERIES, PREFIX_HITS, PREFIX_HIT_RATE):
-            metric.remove(*labels)
-    _last_prefix_labels[worker_id] = now
+        labels = (worker_id, model)
+        values += [(PREFIX_QUERIES, labels, queries), (PREFIX_HITS, labels, hits),
+                   (PREFIX_HIT_RATE, labels, hits / queries if queries else 0.0)]
+    _set_all("prefix_cache", worker_id, values)
 
 
 def observe_transition(event) -> None:
