@@ -129,15 +129,17 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
         k = late[p]
         # Not placed this round, but it may be on a later one until even a free instance cannot make it.
         # Hopeless from the moment even a free instance would only just make it (>=: a wakeup at exactly
-        # hopeless_at_ms must resolve the request, not find it still pending).
-        while now_ms + fastest_ms[k] >= due[k]:
+        # hopeless_at_ms must resolve the request, not find it still pending). Compared as due - fastest, the very
+        # expression hopeless_at_ms is: now + fastest >= due can round the other way at now == hopeless_at_ms, and
+        # the wakeup then found the request pending and asked for the same instant again, forever.
+        while now_ms >= due[k] - fastest_ms[k]:
             relaxed = _relax(jobs[k], deadline[k], num_relax[k], policy)
             if relaxed is None:
                 break
             deadline[k], num_relax[k] = relaxed
             due[k] = deadline[k] - margin_ms[k]
             decision.relaxed[k] = relaxed
-        if now_ms + fastest_ms[k] >= due[k]:
+        if now_ms >= due[k] - fastest_ms[k]:
             decision.rejected.append(k)
             decision.relaxed.pop(k, None)
     rejected = set(decision.rejected)

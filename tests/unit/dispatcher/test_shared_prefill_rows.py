@@ -29,8 +29,12 @@ def _run(prefill_time, num_instances: int, arrivals: list[tuple[int, int, int]])
     now = 0.0
     for n, (gap_ms, tokens, slo_ms) in enumerate(arrivals):
         now += gap_ms
+        last_wake = None
         while (wake := core.next_wakeup_ms()) is not None and wake <= now:
+            # a core asking for the instant it just ticked would loop forever (test_hopeless_wakeup.py): fail instead
+            assert wake != last_wake, f"the tick at {wake} ms asked for the same instant again"
             log += core.on_tick(wake)
+            last_wake = wake
         log += core.on_request(now, request(f"r{n}", now, tokens=tokens, slo_ms=slo_ms))
     return log
 
