@@ -39,6 +39,7 @@ from .worker import (
     KVTarget,
     PageCounters,
     PrefillDone,
+    RequestOutcome,
     RunAssignment,
     WorkerHeartbeat,
 )

@@ -14,7 +14,7 @@ from .registry import InstanceRecord
 from .requests import CancelRequest, GenerateRequest, SubmitAck
 from .stream import ResendReply, ResendRequest, StreamEvent
 from .telemetry import ModelLoadWindow
-from .worker import PrefillDone, RunAssignment, WorkerHeartbeat
+from .worker import PrefillDone, RequestOutcome, RunAssignment, WorkerHeartbeat
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ ROUTES: tuple[Route, ...] = (
     Route(f"{s.REPLY_PREFIX}.<gateway>.<request>", "worker", "gateway", StreamEvent),
     Route(f"{s.PREFIX}.worker.<worker>.resend", "gateway", "worker", ResendRequest, ResendReply),
     Route(s.PREFILL_DONE, "worker", "dispatchers", PrefillDone),
+    Route(s.REQUEST_OUTCOME, "worker", "dispatchers", RequestOutcome),
     Route(f"{s.PREFIX}.telemetry.worker.<worker>", "worker", "all", WorkerHeartbeat),
     Route(f"{s.PREFIX}.telemetry.dispatcher.<dispatcher>", "dispatcher", "gateways", DispatcherHeartbeat),
     Route(f"{s.PREFIX}.telemetry.model.<model>", "dispatcher", "oracle, planners", ModelLoadWindow),

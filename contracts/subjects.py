@@ -12,6 +12,9 @@ DISPATCH_QUEUE = "dispatchers"
 CANCEL = f"{PREFIX}.cancel"
 # worker -> dispatchers: a prefill finished (EPDT correction); payload PrefillDone
 PREFILL_DONE = f"{PREFIX}.event.prefill"
+# worker -> dispatchers: a request finished, with its on-time output tokens (token-level attainment); payload
+# RequestOutcome
+REQUEST_OUTCOME = f"{PREFIX}.event.outcome"
 # worker -> all: lifecycle transitions; payload LifecycleEvent
 LIFECYCLE_EVENT = f"{PREFIX}.event.lifecycle"
 # worker -> all: heartbeats; payload WorkerHeartbeat

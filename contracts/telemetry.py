@@ -26,6 +26,11 @@ class ModelLoadWindow(Message):
     features: LoadFeatures
     output_len_var: float = Field(default=0.0, ge=0)
     ttft_attainment: float | None = Field(default=None, ge=0, le=1)
+    # token-level attainment (the paper's measure, what profiles label): on-time output tokens over the tokens due,
+    # of the requests that finished in the window (workers count them, contracts.RequestOutcome) and of those
+    # rejected (every expected token late); None while none did
+    token_attainment: float | None = Field(default=None, ge=0, le=1)
+    num_tokens_due: int = Field(default=0, ge=0, description="output tokens behind token_attainment")
     num_rejected: int = Field(default=0, ge=0)
     num_late: int = Field(default=0, ge=0)
     queue_depth: int = Field(default=0, ge=0)

@@ -1,9 +1,10 @@
-"""Dispatcher -> worker assignments, worker -> dispatcher prefill completions, and the worker heartbeat."""
+"""Dispatcher -> worker assignments, worker -> dispatcher prefill completions and request outcomes, and the worker
+heartbeat."""
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Message
 from .lifecycle import HostCopy, InstanceRole, ModelState, Pool, WeightSegment
@@ -58,6 +59,27 @@ class PrefillDone(Message):
     # "request_failed" (the request failed alone there and its error went to the client: nothing more to do)
     failure: Literal["handed_back", "instance_failed", "request_failed"] = "handed_back"
     handed_over_to_instance_id: str = ""
+
+
+class RequestOutcome(Message):
+    """A request finished (stop or length) on this instance: how many of its output tokens were on time, token i
+    (1-based) being due by the request's TTFT deadline + (i - 1) * its TPOT SLO. The dispatcher that sent it folds
+    this into the model's load window: token-level attainment, the measure the oracle's profiles are labelled with,
+    which only the worker that emitted the tokens can count."""
+
+    request_id: str
+    model: str
+    worker_id: str
+    instance_id: str
+    num_output_tokens: int = Field(ge=0)
+    num_on_time_tokens: int = Field(ge=0)
+    finish_reason: Literal["stop", "length"]
+
+    @model_validator(mode="after")
+    def _on_time_within_output(self) -> "RequestOutcome":
+        if self.num_on_time_tokens > self.num_output_tokens:
+            raise ValueError("num_on_time_tokens must not exceed num_output_tokens")
+        return self
 
 
 MAX_NUM_HOLDS_IDS = 256  # one query's ids: ~20 KB at most, well inside a NATS message

@@ -6,6 +6,10 @@ from runtime.metrics import LATENCY_BUCKETS_S, counter, gauge, histogram
 QUEUE_DEPTH = gauge("janus_dispatcher_queue_depth", "requests waiting in the model's global queue", ("model",))
 TTFT_ATTAINMENT = gauge("janus_dispatcher_ttft_attainment", "share of first tokens on time over the load window",
                         ("model",))
+# the paper's measure: output tokens on time (token i due by the TTFT deadline + (i - 1) * TPOT SLO) over those due
+TOKEN_ATTAINMENT = gauge("janus_dispatcher_token_attainment",
+                         "share of output tokens on time over the load window (finished and refused requests)",
+                         ("model",))
 REQUEST_RATE = gauge("janus_dispatcher_request_rate_rps", "arrivals per second over the load window", ("model",))
 ASSIGNED = counter("janus_dispatcher_assignments_total", "requests sent to an instance", ("model", "is_late"))
 REJECTED = counter("janus_dispatcher_rejections_total", "requests refused or failed by the dispatcher",

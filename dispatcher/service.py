@@ -1,8 +1,9 @@
 """The dispatcher service: a thin shell around dispatcher.core.DispatcherCore.
 
-In: submissions (janus.req.<model>, queue group), the `instances` registry (KV watch), prefill completions, worker
-heartbeats, cancellations. Out: RunAssignments to workers, typed refusals, per-model load windows. The core decides;
-this file only moves messages and keeps the clock (wall-clock Unix ms, the one clock of every service).
+In: submissions (janus.req.<model>, queue group), the `instances` registry (KV watch), prefill completions, request
+outcomes, worker heartbeats, cancellations. Out: RunAssignments to workers, typed refusals, per-model load windows.
+The core decides; this file only moves messages and keeps the clock (wall-clock Unix ms, the one clock of every
+service).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from contracts import (
     ModelState,
     PrefillDone,
     RequestFailed,
+    RequestOutcome,
     RunAssignment,
     SubmitAck,
     WorkerHeartbeat,
@@ -45,7 +47,16 @@ from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
 from .core.record_truth import corrected_by_heartbeat
 from .core.streaming import StreamingBook
-from .metrics import ASSIGNED, QUEUE_DEPTH, QUEUE_TIME_S, REJECTED, REQUEST_RATE, REQUEUED, TTFT_ATTAINMENT
+from .metrics import (
+    ASSIGNED,
+    QUEUE_DEPTH,
+    QUEUE_TIME_S,
+    REJECTED,
+    REQUEST_RATE,
+    REQUEUED,
+    TOKEN_ATTAINMENT,
+    TTFT_ATTAINMENT,
+)
 
 log = logging.getLogger("janus.dispatcher")
 
@@ -103,6 +114,7 @@ class DispatcherService(Service):
         self._tasks.append(asyncio.create_task(self._watch_registry()))
         await bus.serve(subjects.REQ_WILDCARD, GenerateRequest, self._on_request, queue=subjects.DISPATCH_QUEUE)
         await bus.subscribe(subjects.PREFILL_DONE, PrefillDone, self._on_prefill_done, traced=False)
+        await bus.subscribe(subjects.REQUEST_OUTCOME, RequestOutcome, self._on_request_outcome, traced=False)
         await bus.subscribe(subjects.CANCEL, CancelRequest, self._on_cancel, traced=False)
         await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, self._on_heartbeat, traced=False)
         self._tasks.append(asyncio.create_task(self._timer()))
@@ -152,6 +164,16 @@ class DispatcherService(Service):
             self._requests.pop(done.request_id, None)  # it ended on the worker, with its own error
         await self._apply(effects)
         self._kick.set()
+
+    async def _on_request_outcome(self, outcome: RequestOutcome, env: Envelope) -> None:
+        """A request finished on its worker. Every dispatcher hears it; only the one that dispatched it (it holds
+        the stream in its book) counts it, so that each request's tokens enter one load window, as its arrival did.
+        Its stream ended: nothing is left for this dispatcher to fail if the instance dies now."""
+        if outcome.request_id not in self._streaming:
+            return
+        self._streaming.forget(outcome.request_id)
+        await self._apply(self.core.on_request_outcome(now_ms(), outcome.model, outcome.num_output_tokens,
+                                                       outcome.num_on_time_tokens))
 
     async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
         self._requests.pop(cancel.request_id, None)
@@ -321,6 +343,8 @@ class DispatcherService(Service):
                 REQUEST_RATE.labels(window.model).set(window.request_rate_rps)
                 if window.ttft_attainment is not None:
                     TTFT_ATTAINMENT.labels(window.model).set(window.ttft_attainment)
+                if window.token_attainment is not None:
+                    TOKEN_ATTAINMENT.labels(window.model).set(window.token_attainment)
                 await self.bus.publish(subjects.model_telemetry(window.model), window, propagate=False)
             elif isinstance(effect, Requeued):
                 REQUEUED.labels(effect.model).inc()

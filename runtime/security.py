@@ -77,13 +77,14 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
         publish=("janus.worker.*.run", "janus.worker.*.holds", "janus.reply.>", "janus.telemetry.model.*",
                  "janus.telemetry.dispatcher.*",
                  *js_create(KV_STREAM), *js_read(KV_STREAM), INBOX),
-        subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.telemetry.worker.*", INBOX, HEALTH)),
+        subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.event.outcome",
+                   "janus.telemetry.worker.*", INBOX, HEALTH)),
     "worker": Permissions(
         # janus.worker.*.run: a prefill worker reserves KV blocks on, and hands requests over to, a decode worker
         # janus.cancel: a P/D request that ends at its first token releases the decode worker's reservation
-        publish=("janus.reply.>", "janus.event.prefill", "janus.event.lifecycle", "janus.telemetry.worker.*",
-                 "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel", KV_INSTANCES_WRITE,
-                 *js_create(KV_STREAM), INBOX),
+        publish=("janus.reply.>", "janus.event.prefill", "janus.event.outcome", "janus.event.lifecycle",
+                 "janus.telemetry.worker.*", "janus.worker.*.run", "janus.worker.*.resend", "janus.cancel",
+                 KV_INSTANCES_WRITE, *js_create(KV_STREAM), INBOX),
         subscribe=("janus.worker.>", "janus.cancel", "janus.telemetry.worker.*", INBOX, HEALTH)),
     "oracle": Permissions(  # heartbeats: how many replicas served each load window it learns from
         publish=(INBOX,),

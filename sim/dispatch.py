@@ -15,11 +15,16 @@ from contracts import WorkerHeartbeat
 from dispatcher.core import Assign, DispatcherCore, DispatchPolicy, DispatchRequest, PublishLoad, Reject
 
 from .event_loop import Sim
-from .executor import SimInstance
+from .executor import SimInstance, score_decode_tokens
 
 _ROLE = {"colocated": InstanceRole.COLOCATED, "prefill": InstanceRole.PREFILL, "decode": InstanceRole.DECODE}
 _POOL = {"steady": Pool.STEADY, "elastic": Pool.ELASTIC}
 HEARTBEAT_PERIOD_S = 0.5
+# Live, a worker tells the dispatchers each finished request's on-time tokens as it finishes (contracts.
+# RequestOutcome); here the finished requests are scored and reported once a simulated second, in one batch (the
+# executor scores token times from its step segments in batches: docs/sim.md). A window's token-level attainment
+# is then up to a second behind its arrivals, against a 5 s window.
+OUTCOME_PERIOD_S = 1.0
 
 
 class SimPrefillTime:
@@ -77,8 +82,37 @@ class CoreDispatch:
         self.rejections: list[tuple[float, int, str]] = []
         self._records: dict[str, InstanceRecord] = {}
         self._statuses: dict[str, InstanceStatus] = {}
+        self._finished: list[int] | None = None  # requests finished since the last outcome report (when reported)
         sim.dispatch = self
         sim.every(HEARTBEAT_PERIOD_S, self._heartbeats)
+
+    def report_outcomes(self) -> None:
+        """From now on the cores hear each finished request's on-time tokens, as the live dispatchers hear the
+        workers' RequestOutcome, so their windows carry token-level attainment (for a control plane that learns from
+        them: scoring token times costs a run time, so only then)."""
+        if self._finished is not None:
+            return
+        self._finished = []
+        self.sim.on_done = self._request_done
+        self.sim.every(OUTCOME_PERIOD_S, self._report_outcomes, start_s=OUTCOME_PERIOD_S)
+
+    def _request_done(self, request: int, now_s: float) -> None:
+        self._finished.append(request)
+
+    def _report_outcomes(self, now_s: float) -> None:
+        finished, self._finished = self._finished, []
+        if not finished:
+            return
+        table = self.sim.table
+        apps = sorted({int(table.app[r]) for r in finished})
+        for app in apps:  # their decode tokens scored now (a removed instance scored its own when it went)
+            for inst in self.sim.instances_by_app.get(app, ()):
+                score_decode_tokens(inst)
+        now_ms = now_s * 1e3
+        for request in finished:
+            app = int(table.app[request])
+            self.cores[app].on_request_outcome(now_ms, self.app_names[app], int(table.output_tokens[request]),
+                                               int(table.num_on_time[request]))
 
     # ------------------------------------------------------------------------------------------ engine.Dispatch
     def on_arrival(self, request: int, now_s: float) -> None:

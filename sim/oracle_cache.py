@@ -36,6 +36,10 @@ class CachedOracle:
         self.num_hits = 0
         self.num_misses = 0
 
+    def clear(self) -> None:
+        """Forget every answer (the oracle refitted: its answers changed)."""
+        self._elasticity.clear()
+
     def _features(self, f: LoadFeatures) -> LoadFeatures:
         # a search asks the same load once per round: remember the bucketed copy of each load seen lately
         raw = (f.token_rate_tps, f.input_len_mean, f.input_len_var, f.output_len_mean)

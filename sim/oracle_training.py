@@ -21,7 +21,8 @@
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
 second run of the same scenario fits only. What is not learned: interference between co-located models (profiles
-run one model per device) and online refits (the simulator has no oracle service observing windows): docs/oracle.md.
+run one model per device): docs/oracle.md. Online, the oracle learns from the windows as the live service does
+(sim/systems/janus.py, `JanusControl._learn`).
 """
 from __future__ import annotations
 
@@ -267,20 +268,22 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
 def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
                    elastic: ElasticPolicy | None = None) -> Oracle:
     """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
-    fitted efficiencies) as the fallback and the group's two GPs. `elastic`: the scaler policy whose layout was
-    profiled (default: the live default)."""
-    from oracle.gp.train import fit_capacity, fit_elasticity
+    fitted efficiencies) as the fallback and the group's two GPs, the apps of a group learning together (one pool of
+    samples, `Oracle.share`: online, each refit learns from all their windows). `elastic`: the scaler policy whose
+    layout was profiled (default: the live default)."""
+    from oracle.gp import gp_oracle
 
-    oracle = Oracle()
+    oracle = gp_oracle()
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)
         profile = calibrated_profile(training_set, group.ttft_slo_s * 1e3, group.tpot_slo_s * 1e3)
         if profile is None:
             raise ValueError(f"{group.name}: the cached profile records no fitted roofline; delete it to profile again")
-        capacity = fit_capacity(training_set.capacity, oracle.policy)
-        elasticity = fit_elasticity(training_set.elasticity, oracle.policy)
         for app in group.apps:
             name = scenario.apps[app].name
             oracle.register(name, profile)
-            oracle.install(name, capacity=capacity, elasticity=elasticity)
+            oracle.share(name, group.name)
+        oracle.add_training_set(replace(training_set, model=group.name))
+        for kind in ("capacity", "elasticity"):
+            oracle.refit(group.name, kind, now_s=0.0)
     return oracle

@@ -155,6 +155,15 @@ class DispatcherCore:
                 effects += self._retry(now, job, instance_id, is_instance_failure=False)
         return effects + self._dispatch(now, model)
 
+    def on_request_outcome(self, now_ms: float, model: str, num_output_tokens: int,
+                           num_on_time_tokens: int) -> list[Effect]:
+        """A request this dispatcher sent finished on a worker (contracts.RequestOutcome): its on-time output tokens
+        go into the model's window (its token-level attainment, what the oracle learns from). The shell passes only
+        outcomes of its own requests: each dispatcher's window holds the requests it dispatched."""
+        now = self._advance(now_ms)
+        self._window(model, now).record_outcome(now, num_output_tokens, num_on_time_tokens)
+        return []
+
     def on_cancel(self, now_ms: float, request_id: str) -> list[Effect]:
         """The client went away: forget the request wherever it is (the worker gets the cancel too)."""
         now = self._advance(now_ms)
@@ -319,7 +328,7 @@ class DispatcherCore:
         del self._queued_model[job.request_id]
 
     def _reject(self, now: float, job: Job, code: ErrorCode, reason: str, retryable: bool) -> Reject:
-        self._window(job.request.model, now).record_rejection(now)
+        self._window(job.request.model, now).record_rejection(now, job.request.expected_output_tokens)
         return Reject(job.request.request_id, job.request.model, code, reason, retryable, job.request)
 
     def _assign(self, now: float, job: Job, record: InstanceRecord, predicted_ms: float) -> Assign:

@@ -7,7 +7,8 @@ from contracts import LoadFeatures, ModelLoadWindow
 
 
 class LoadWindow:
-    """Arrivals (with lengths), first tokens (on time or not) and rejections of one model over the last window_s."""
+    """Arrivals (with lengths), first tokens (on time or not), finished requests' on-time tokens and rejections of one
+    model over the last window_s."""
 
     def __init__(self, model: str, window_s: float, started_ms: float) -> None:
         if window_s <= 0:
@@ -19,6 +20,10 @@ class LoadWindow:
         self._first_tokens: deque[tuple[float, bool]] = deque()  # (ms, is on time)
         self._num_on_time = 0  # of the first tokens in the window
         self._rejections: deque[float] = deque()
+        # token-level outcomes: (ms, tokens due, tokens on time) of finished or rejected requests, and their sums
+        self._outcomes: deque[tuple[float, int, int]] = deque()
+        self._num_tokens_due = 0
+        self._num_tokens_on_time = 0
 
     def record_arrival(self, now_ms: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
         self._arrivals.append((now_ms, num_prompt_tokens, num_output_tokens))
@@ -27,8 +32,21 @@ class LoadWindow:
         self._first_tokens.append((now_ms, is_on_time))
         self._num_on_time += bool(is_on_time)
 
-    def record_rejection(self, now_ms: float) -> None:
+    def record_rejection(self, now_ms: float, num_expected_tokens: int = 0) -> None:
+        """A rejected request: a late first token, and each of its expected output tokens a late token."""
         self._rejections.append(now_ms)
+        if num_expected_tokens > 0:
+            self.record_outcome(now_ms, num_expected_tokens, 0)
+
+    def record_outcome(self, now_ms: float, num_tokens: int, num_on_time_tokens: int) -> None:
+        """A request finished with `num_tokens` output tokens, `num_on_time_tokens` of them on time (token i due
+        by its TTFT deadline + (i - 1) * TPOT SLO: the worker counts them)."""
+        if num_tokens <= 0:
+            return
+        on_time = min(max(num_on_time_tokens, 0), num_tokens)
+        self._outcomes.append((now_ms, num_tokens, on_time))
+        self._num_tokens_due += num_tokens
+        self._num_tokens_on_time += on_time
 
     def _prune(self, now_ms: float) -> None:
         cutoff = now_ms - self.window_ms
@@ -39,6 +57,11 @@ class LoadWindow:
             self._num_on_time -= bool(first_tokens.popleft()[1])
         while self._rejections and self._rejections[0] <= cutoff:
             self._rejections.popleft()
+        outcomes = self._outcomes
+        while outcomes and outcomes[0][0] <= cutoff:
+            _, due, on_time = outcomes.popleft()
+            self._num_tokens_due -= due
+            self._num_tokens_on_time -= on_time
 
     def snapshot(self, now_ms: float, queue_depth: int, dispatcher_id: str = "") -> ModelLoadWindow:
         """The window ending at now_ms. Early on, rates use the time since the window started, not window_s."""
@@ -73,6 +96,8 @@ class LoadWindow:
             ),
             output_len_var=out_var,
             ttft_attainment=(num_on_time / num_outcomes) if num_outcomes else None,
+            token_attainment=(self._num_tokens_on_time / self._num_tokens_due) if self._num_tokens_due else None,
+            num_tokens_due=self._num_tokens_due,
             num_rejected=num_rejected,
             num_late=num_late,
             queue_depth=queue_depth,

@@ -17,6 +17,9 @@ class StreamingBook:
     def __len__(self) -> int:
         return len(self._by_request)
 
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_request
+
     def started(self, request: GenerateRequest, instance_id: str) -> None:
         """The request's first token came from `instance_id`."""
         self._by_request[request.request_id] = (instance_id, request)

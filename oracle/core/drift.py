@@ -7,10 +7,10 @@ the window, and the tracker keeps the last `max_windows` (prediction, measuremen
 absolute error, mean signed error (bias: > 0, the oracle is optimistic) and coverage (the share of measurements
 inside mean +- k_sigma * std).
 
-What is compared: the oracle predicts token-level attainment (what profiles measure); a window carries TTFT
-attainment (the share of first tokens on time: the only attainment the dispatcher publishes). Until windows carry a
-token-level figure, the error mixes the oracle's error with the gap between the two measures (a caller that has the
-token-level figure passes it as `attainment`).
+What is compared: the oracle predicts token-level attainment (what profiles measure); a window carries it where the
+workers' outcomes of its requests reached the dispatcher (contracts.RequestOutcome), else only its TTFT attainment
+(the share of first tokens on time), and then the error mixes the oracle's error with the gap between the two
+measures.
 
 Pure: no I/O, no clock (times are passed in), no threads; the caller serialises calls.
 """
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contracts import ElasticityItem, ElasticityQuery, ElasticityReply, ModelLoadWindow
+
+from .oracle import measured_attainment
 
 DEFAULT_MAX_WINDOWS = 50
 DEFAULT_K_SIGMA = 2.0
@@ -84,7 +86,7 @@ class DriftTracker:
     @staticmethod
     def measured(window: ModelLoadWindow, num_replicas: int, attainment: float | None = None) -> float | None:
         """The window's measured attainment when it can be scored (requests, a replica, an attainment), else None."""
-        value = window.ttft_attainment if attainment is None else attainment
+        value = measured_attainment(window) if attainment is None else attainment
         if window.num_requests == 0 or num_replicas < 1 or value is None:
             return None
         return float(value)

@@ -110,6 +110,9 @@ class Oracle:
         self._ratio_cache: dict[tuple, float | None] = {}
         self._capacity_trainer = capacity_trainer
         self._elasticity_trainer = elasticity_trainer
+        # models that learn together (share): model -> the name of its samples and GPs (itself when not shared)
+        self._pool_of: dict[str, str] = {}
+        self._last_telemetry_end_ms: dict[str, float] = {}  # per model: the end of the last window learnt
 
     # --- configuration ---------------------------------------------------------------------------------------
     def register(self, model: str, profile: ModelProfile) -> None:
@@ -123,6 +126,20 @@ class Oracle:
             self._capacity[model] = capacity
         if elasticity is not None:
             self._elasticity[model] = elasticity
+
+    def share(self, model: str, pool: str) -> None:
+        """`model` learns with `pool`: its telemetry joins the pool's samples (a training set of model `pool` is the
+        pool's), and every refit of the pool installs the new GPs for each model in it. For models that cost the
+        same to serve: one architecture and size on one kind of device, with the same SLOs (fine-tunes of one base;
+        the simulator's apps of one instance kind), so that each GP learns from all their traffic."""
+        self._pool_of[model] = pool
+
+    def _pool(self, model: str) -> str:
+        return self._pool_of.get(model, model)
+
+    def _members(self, pool: str) -> list[str]:
+        """The models a refit of `pool` installs for: the pool's own name and every model shared into it."""
+        return [pool, *sorted(m for m, p in self._pool_of.items() if p == pool and m != pool)]
 
     def versions(self, model: str) -> dict[str, str]:
         """The version each question about `model` is answered with now."""
@@ -335,25 +352,32 @@ class Oracle:
 
     # --- learning --------------------------------------------------------------------------------------------
     def add_training_set(self, training_set: TrainingSet) -> None:
-        self._capacity_samples[training_set.model].extend(training_set.capacity)
-        self._elasticity_samples[training_set.model].extend(training_set.elasticity)
+        pool = self._pool(training_set.model)
+        self._capacity_samples[pool].extend(training_set.capacity)
+        self._elasticity_samples[pool].extend(training_set.elasticity)
 
     def add_samples(self, model: str, capacity: Sequence[CapacitySample] = (),
                     elasticity: Sequence[ElasticitySample] = ()) -> None:
-        self._capacity_samples[model].extend(capacity)
-        self._elasticity_samples[model].extend(elasticity)
-        for samples in (self._capacity_samples[model], self._elasticity_samples[model]):
+        pool = self._pool(model)
+        self._capacity_samples[pool].extend(capacity)
+        self._elasticity_samples[pool].extend(elasticity)
+        for samples in (self._capacity_samples[pool], self._elasticity_samples[pool]):
             _trim(samples, self.policy.max_samples_per_model)
 
     def observe(self, window: ModelLoadWindow, num_replicas: int, attainment: float | None = None,
                 needs_per_replica: NeedVector | None = None) -> bool:
         """Learn from one telemetry window served by `num_replicas` replicas. `attainment` defaults to the window's
-        TTFT attainment (the dispatcher's measure; token-level attainment where the caller has it). Needs, when
-        given, are one replica's, learnt against the per-replica share of the load. False when the window holds
-        nothing to learn from (no requests, no replica, or no attainment)."""
-        if window.num_requests == 0 or num_replicas < 1:
+        token-level attainment (what profiles label; the workers count it), else its TTFT attainment. Needs, when
+        given, are one replica's, learnt against the per-replica share of the load. False when the window is not
+        learnt: no replica, fewer requests than `min_telemetry_requests`, less than `telemetry_spacing_windows`
+        window lengths after the model's last learnt window, or nothing to learn (no attainment, no needs)."""
+        if window.num_requests < self.policy.min_telemetry_requests or num_replicas < 1:
             return False
-        value = window.ttft_attainment if attainment is None else attainment
+        last_ms = self._last_telemetry_end_ms.get(window.model)
+        if last_ms is not None and \
+                window.end_unix_ms - last_ms < self.policy.telemetry_spacing_windows * window.window_s * 1e3:
+            return False
+        value = attainment if attainment is not None else measured_attainment(window)
         elasticity = [] if value is None else [ElasticitySample(
             window.features, num_replicas, float(value), ttft_attainment=window.ttft_attainment,
             num_requests=window.num_requests, source="telemetry")]
@@ -365,14 +389,17 @@ class Oracle:
         if not (elasticity or capacity):
             return False
         self.add_samples(window.model, capacity, elasticity)
+        self._last_telemetry_end_ms[window.model] = window.end_unix_ms
         return True
 
     def num_samples(self, model: str) -> dict[str, int]:
-        return {"capacity": len(self._capacity_samples.get(model, ())),
-                "elasticity": len(self._elasticity_samples.get(model, ()))}
+        pool = self._pool(model)
+        return {"capacity": len(self._capacity_samples.get(pool, ())),
+                "elasticity": len(self._elasticity_samples.get(pool, ()))}
 
     def due_for_refit(self, now_s: float) -> list[tuple[str, Kind]]:
-        """(model, kind) pairs with enough unseen samples whose last refit is old enough."""
+        """(model, kind) pairs with enough unseen samples whose last refit is old enough (for shared models, the
+        pool's name: `share`)."""
         due: list[tuple[str, Kind]] = []
         for kind, table in (("capacity", self._capacity_samples), ("elasticity", self._elasticity_samples)):
             for model, samples in table.items():
@@ -414,17 +441,25 @@ class Oracle:
         if kind == "capacity":
             trainer = self._require(self._capacity_trainer, "capacity")
             predictor = trainer(samples, self.policy)
-            self.install(model, capacity=predictor)
+            for member in self._members(model):
+                self.install(member, capacity=predictor)
         else:
             trainer = self._require(self._elasticity_trainer, "elasticity")
             predictor = trainer(samples, self.policy)
-            self.install(model, elasticity=predictor)
+            for member in self._members(model):
+                self.install(member, elasticity=predictor)
         return predictor.version
 
     def fitted(self, model: str, kind: Kind, num_samples: int) -> None:
         """A refit's last step: the number of samples the new predictor learnt from (due_for_refit waits for
         `refit_min_new_samples` more)."""
         self._num_fitted[(model, kind)] = num_samples
+
+
+def measured_attainment(window: ModelLoadWindow) -> float | None:
+    """What a window measured, in the oracle's terms: its token-level attainment where the workers' outcomes reached
+    it, else its TTFT attainment (the share of first tokens on time)."""
+    return window.token_attainment if window.token_attainment is not None else window.ttft_attainment
 
 
 def _bucket(length: float) -> int:

@@ -18,6 +18,12 @@ class OraclePolicy:
     refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
     refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
     max_samples_per_model: int = 5000  # online samples beyond this: the oldest telemetry goes first
+    # Telemetry is learnt one window per window length of a model (the dispatchers publish a sliding window every
+    # 0.5 s: consecutive ones share ~90 % of their requests, and learnt each as a sample they made the GP as sure of
+    # one moment as of ten independent measurements), and only from a window with this many requests (a label of a
+    # handful of requests is mostly noise, and in logits an attainment of 0 or 1 sits ~7 units from the rest)
+    telemetry_spacing_windows: float = 1.0
+    min_telemetry_requests: int = 20
     # The std of an elasticity answer's bound = mean - k * std: "latent" is the GP's uncertainty about the expected
     # attainment, what a replica count is sized for; "predictive" adds one window's label noise (the std the answer
     # reports either way, what a measured window is compared with). With the noise in the bound, a 0.99 target is
@@ -41,5 +47,7 @@ class OraclePolicy:
         if self.length_extrapolation_factor != 0 and self.length_extrapolation_factor < 1:
             raise ValueError("OraclePolicy: length_extrapolation_factor >= 1 (or 0: off), "
                              f"got {self.length_extrapolation_factor!r}")
+        if self.telemetry_spacing_windows < 0 or self.min_telemetry_requests < 1:
+            raise ValueError("OraclePolicy: telemetry_spacing_windows >= 0 and min_telemetry_requests >= 1")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")

@@ -22,8 +22,25 @@ def subsample(num_samples: int, max_points: int) -> np.ndarray:
     return np.unique(np.concatenate([older, np.arange(num_samples - num_newest, num_samples)]))
 
 
+def training_indices(sources: Sequence[str], max_points: int) -> np.ndarray:
+    """Indices to train on when profiles and telemetry are mixed: telemetry is many windows at the loads and replica
+    counts served now, a profile a grid over loads, lengths and counts that telemetry never visits; so neither
+    crowds the other out. With no telemetry (or few samples), `subsample` of all. Else the profile's samples get up to
+    half the budget (evenly spread when more), the telemetry the rest (`subsample`: its newest first)."""
+    num = len(sources)
+    telemetry = np.array([i for i, s in enumerate(sources) if s == "telemetry"], dtype=int)
+    if num <= max_points or len(telemetry) == 0:
+        return subsample(num, max_points)
+    profiled = np.array([i for i, s in enumerate(sources) if s != "telemetry"], dtype=int)
+    budget = max_points // 2
+    if len(profiled) > budget:
+        profiled = profiled[np.unique(np.linspace(0, len(profiled) - 1, budget).round().astype(int))]
+    picks = telemetry[subsample(len(telemetry), max_points - len(profiled))]
+    return np.sort(np.concatenate([profiled, picks]))
+
+
 def fit_capacity(samples: Sequence[CapacitySample], policy: OraclePolicy = OraclePolicy()) -> CapacityPredictor:
-    keep = subsample(len(samples), policy.max_train_points)
+    keep = training_indices([s.source for s in samples], policy.max_train_points)
     chosen = [samples[i] for i in keep]
     x = capacity_inputs([s.features for s in chosen])
     y = np.log(np.array([s.needs.as_tuple() for s in chosen], dtype=float) + policy.need_floor)
@@ -33,7 +50,7 @@ def fit_capacity(samples: Sequence[CapacitySample], policy: OraclePolicy = Oracl
 
 def fit_elasticity(samples: Sequence[ElasticitySample], policy: OraclePolicy = OraclePolicy()) \
         -> ElasticityPredictor:
-    keep = subsample(len(samples), policy.max_train_points)
+    keep = training_indices([s.source for s in samples], policy.max_train_points)
     chosen = [samples[i] for i in keep]
     x = elasticity_inputs([s.features for s in chosen], [s.num_replicas for s in chosen])
     y = np.array([s.attainment for s in chosen], dtype=float)

@@ -7,7 +7,8 @@ from contracts import LoadFeatures, ModelLoadWindow
 
 def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
     """One window for one model out of several dispatchers' windows: rates add up, lengths are averaged with the
-    request rates as weights (the variance pooled), attainment weighted by requests."""
+    request rates as weights (the variance pooled), TTFT attainment weighted by requests, token attainment by tokens
+    due."""
     if not windows:
         raise ValueError("nothing to merge")
     if len(windows) == 1:
@@ -24,6 +25,11 @@ def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
     attainment = None
     if attained and sum(n for _, n in attained) > 0:
         attainment = sum(a * n for a, n in attained) / sum(n for _, n in attained)
+    num_tokens_due = sum(w.num_tokens_due for w in windows if w.token_attainment is not None)
+    token_attainment = None
+    if num_tokens_due > 0:
+        token_attainment = sum(w.token_attainment * w.num_tokens_due for w in windows
+                               if w.token_attainment is not None) / num_tokens_due
     return ModelLoadWindow(
         model=windows[0].model,
         window_s=max(w.window_s for w in windows),
@@ -38,6 +44,8 @@ def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
         ),
         output_len_var=max(0.0, out_second - out_mean ** 2),
         ttft_attainment=attainment,
+        token_attainment=min(token_attainment, 1.0) if token_attainment is not None else None,
+        num_tokens_due=num_tokens_due,
         num_rejected=sum(w.num_rejected for w in windows),
         num_late=sum(w.num_late for w in windows),
         queue_depth=sum(w.queue_depth for w in windows),

@@ -5,8 +5,9 @@ simulated fleet (systems/fleet.py) carries out the reconciler's commands. What a
 planner/core or dispatcher/core, never here (docs/sim.md, "One control plane")."""
 from __future__ import annotations
 
-from contracts import LoadFeatures, ModelLoadWindow
+from contracts import LoadFeatures, ModelLoadWindow, ModelState
 from dispatcher.core import DispatchPolicy
+from oracle.core.drift import DriftTracker
 from oracle.core.oracle import ModelProfile, Oracle
 from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
                           elastic_budget_devices, elastic_models_of, in_flight_by_model, plan_decision,
@@ -88,6 +89,9 @@ class JanusControl(ControlPlane):
         self._dispatch = dispatch or DispatchPolicy()
         self.algorithm = self._dispatch.algorithm
         self.plans: list = []  # every plan, for the audit trail
+        self.learner: Oracle | None = None  # the learned oracle, learning online (`_learn`)
+        self.drift: DriftTracker | None = None
+        self.num_refits = 0
 
     def dispatch_policy(self) -> DispatchPolicy:
         return self._dispatch
@@ -145,10 +149,36 @@ class JanusControl(ControlPlane):
 
             from ..oracle_training import learned_oracle
 
-            return learned_oracle(run.scenario, Path(self.oracle_cache_dir), elastic=self.planner_policy.elastic)
+            oracle = learned_oracle(run.scenario, Path(self.oracle_cache_dir), elastic=self.planner_policy.elastic)
+            # it learns online as the live oracle service does: the windows' token-level attainment (the workers'
+            # outcomes) against the replicas serving, refits as its policy makes them due (`_learn`)
+            self.learner = oracle
+            self.drift = DriftTracker()
+            run.dispatch.report_outcomes()
+            return oracle
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
 
+    def _learn(self, now_s: float, window: ModelLoadWindow) -> None:
+        """What the oracle service does with a window (oracle/service.py): scored against the prediction made
+        without it, learnt, and the refits now due run (live in a background thread, seconds of wall time; here at
+        once, in no simulated time). The replicas are the serving instances the heartbeats report, as live."""
+        learner = self.learner
+        num_replicas = sum(1 for _, status in self.fleet.instances()
+                           if status.model == window.model and status.state == ModelState.ACTIVE)
+        self.drift.score(learner, window, num_replicas, now_s)
+        if not learner.observe(window, num_replicas):
+            return
+        due = learner.due_for_refit(now_s)
+        for pool, kind in due:
+            learner.refit(pool, kind, now_s)
+            self.num_refits += 1
+            self.run.counters["oracle_refits"] = self.num_refits
+        if due:
+            self.oracle.clear()  # the memo's answers were the old GPs'
+
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
+        if self.learner is not None and now_s > 0:
+            self._learn(now_s, window)
         self.steady.observe(window)
         self.scaler.observe(window)
         if self.overflow is not None:

@@ -79,10 +79,12 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
         await publisher.publish(subjects.worker_telemetry("om-w1"), heartbeat("om-w1", MODEL, 2))
         await wait_for(lambda: service.num_replicas(MODEL) == 2, what="the replica count from the heartbeat",
                        timeout_s=30.0)
+        first_end_ms = time.time() * 1e3
         for i in range(NUM_WINDOWS):
             rate_rps = 10.0 * (i + 1)
+            # windows that do not overlap (the oracle learns one per window length per model)
             await publisher.publish(subjects.model_telemetry(MODEL), ModelLoadWindow(
-                model=MODEL, window_s=10.0, end_unix_ms=time.time() * 1e3, num_requests=int(rate_rps * 10),
+                model=MODEL, window_s=10.0, end_unix_ms=first_end_ms + i * 10_000.0, num_requests=int(rate_rps * 10),
                 request_rate_rps=rate_rps, features=GridPoint(rate_rps, CHAT, 2).features,
                 ttft_attainment=1.0 - 0.1 * i))
 

@@ -74,7 +74,7 @@ async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service
     await wait_for(lambda: service.num_replicas("tiny") == 5, timeout_s=10, interval_s=0.02,
                    what="the replica count from four heartbeats")
     for i in range(4):
-        window = ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=float(i), num_requests=20,
+        window = ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=10_000.0 * i, num_requests=20,
                                  request_rate_rps=2.0, features=FEATURES.model_copy(
                                      update={"token_rate_tps": 300.0 * (i + 1)}), ttft_attainment=1.0 - 0.2 * i)
         await publisher.publish(subjects.model_telemetry("tiny"), window)

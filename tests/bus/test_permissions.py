@@ -25,6 +25,7 @@ FORBIDDEN_PUBLISH = [
     ("gateway", "janus.worker.w1.cmd"),
     ("gateway", "janus.worker.w1.run"),
     ("gateway", "janus.plan.steady"),
+    ("gateway", "janus.event.outcome"),  # a forged outcome would skew the attainment the planners act on
     ("dispatcher", "janus.worker.w1.cmd"),
     ("oracle", "janus.plan.steady"),
     ("steady-planner", "janus.worker.w1.cmd"),
@@ -41,6 +42,7 @@ ALLOWED_PUBLISH = [
     ("steady-planner", "janus.plan.steady"),
     ("elastic-scaler", "janus.plan.elastic"),
     ("worker", "janus.telemetry.worker.w1"),
+    ("worker", "janus.event.outcome"),
 ]
 FORBIDDEN_SUBSCRIBE = [
     ("gateway", "janus.worker.w1.cmd"),

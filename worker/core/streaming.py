@@ -1,4 +1,5 @@
-"""From engine outputs to the stream a gateway reads: numbered chunks, one terminal event, a prefill notice.
+"""From engine outputs to the stream a gateway reads: numbered chunks, one terminal event, and for the dispatchers a
+prefill notice and the request's outcome (its on-time output tokens).
 
 Pure: the shell passes the clock reading in and publishes what comes back.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from contracts import ErrorCode, ErrorInfo, PrefillDone, RequestDone, RequestFailed, TokenChunk
+from contracts import ErrorCode, ErrorInfo, PrefillDone, RequestDone, RequestFailed, RequestOutcome, TokenChunk
 
 
 class EngineOutputLike(Protocol):
@@ -39,6 +40,18 @@ class RequestTrack:
     is_cancelled: bool = False
     is_finished: bool = False
     extra: dict = field(default_factory=dict)
+    # token-level attainment: output token i (1-based, per choice) is on time iff emitted by the TTFT deadline +
+    # (i - 1) * the TPOT SLO. No deadline (None): nothing is counted and no outcome is reported.
+    ttft_deadline_unix_ms: float | None = None
+    tpot_slo_ms: float = 0.0
+    num_on_time_tokens: int = 0
+    # output tokens emitted so far per choice (n > 1: each choice's tokens have their own due times)
+    num_tokens_by_choice: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_output_tokens and not self.num_tokens_by_choice:
+            # a track that starts past its first tokens (a P/D decode instance): those were choice 0's
+            self.num_tokens_by_choice[0] = self.num_output_tokens
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -52,11 +65,26 @@ class Emission:
 
     to_client: list[TokenChunk | RequestDone | RequestFailed]
     prefill_done: PrefillDone | None = None
+    outcome: RequestOutcome | None = None  # it finished (stop, length) with a known deadline: its on-time tokens
+
+
+def count_on_time(track: RequestTrack, index: int, num_tokens: int, now_unix_ms: float) -> int:
+    """Add `num_tokens` tokens of choice `index`, all emitted at now_unix_ms, to the track; returns how many of them
+    were on time (each by its own index: in a chunk of several the later ones are due later)."""
+    before = track.num_tokens_by_choice.get(index, 0)
+    track.num_tokens_by_choice[index] = before + num_tokens
+    deadline = track.ttft_deadline_unix_ms
+    if deadline is None:
+        return 0
+    on_time = sum(1 for k in range(before, before + num_tokens) if now_unix_ms <= deadline + k * track.tpot_slo_ms)
+    track.num_on_time_tokens += on_time
+    return on_time
 
 
 def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str, now_unix_ms: float) -> Emission:
     events: list[TokenChunk | RequestDone | RequestFailed] = []
     prefill = None
+    outcome = None
     if out.token_ids:
         if track.first_token_unix_ms is None:
             track.first_token_unix_ms = now_unix_ms
@@ -65,6 +93,7 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                   prefill_ms=max(0.0, now_unix_ms - track.started_unix_ms),
                                   first_token_unix_ms=now_unix_ms)
         track.num_output_tokens += len(out.token_ids)
+        count_on_time(track, getattr(out, "index", 0), len(out.token_ids), now_unix_ms)
         top = getattr(out, "top_logprobs", None)
         choice_finish = getattr(out, "choice_finish_reason", None)
         events.append(TokenChunk(request_id=track.request_id, seq=track.take_seq(), token_ids=tuple(out.token_ids),
@@ -81,6 +110,11 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                       num_output_tokens=track.num_output_tokens,
                                       first_token_unix_ms=track.first_token_unix_ms, worker_id=worker_id,
                                       instance_id=track.instance_id))
+            if track.ttft_deadline_unix_ms is not None:
+                outcome = RequestOutcome(request_id=track.request_id, model=track.model, worker_id=worker_id,
+                                         instance_id=track.instance_id, num_output_tokens=track.num_output_tokens,
+                                         num_on_time_tokens=min(track.num_on_time_tokens, track.num_output_tokens),
+                                         finish_reason=out.finish_reason)
         elif out.finish_reason == "error":
             # it failed alone in the engine (the engine goes on): a typed error to the client, and before the
             # first token the dispatchers hear that it ended here and must not be dispatched again
@@ -91,7 +125,7 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
         else:
             code = ErrorCode.CANCELLED if track.is_cancelled else ErrorCode.INSTANCE_FAILED
             events.append(failure(track, ErrorInfo(code=code, message=f"request ended: {out.finish_reason}")))
-    return Emission(events, prefill)
+    return Emission(events, prefill, outcome)
 
 
 def request_failed_notice(track: RequestTrack, *, worker_id: str, now_unix_ms: float) -> PrefillDone:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from contracts import CancelRequest, ErrorCode, ErrorInfo, KVTarget, PrefillDone, RunAssignment, subjects
 from runtime.bus import Bus, BusError, Envelope
 
-from ..core.streaming import RequestTrack, emissions_for, failure
+from ..core.streaming import Emission, RequestTrack, emissions_for, failure
 from ..lifecycle.instance import ModelInstance, Reservation
 from ..lifecycle.kv_transfer import write_kv_blocks
 from .transfer import MooncakeTransfer
@@ -52,6 +52,9 @@ class PrefillDecodeHost(Protocol):
 
     async def send(self, track: RequestTrack, events: list) -> None:
         """Log, then publish, a request's events to its client."""
+
+    async def notify_dispatchers(self, emission: Emission) -> None:
+        """Publish what an emission tells the dispatchers (its prefill notice, its outcome)."""
 
     def track(self, inst: ModelInstance, track: RequestTrack) -> None:
         """Take the request in: its events are logged for resends from now on."""
@@ -100,8 +103,7 @@ class PrefillDecodeFlow:
         that ended at its first token (max_tokens 1, a stop token or string) ends here, and D forgets its blocks."""
         if out.is_finished:
             emission = emissions_for(track, out, worker_id=self.host.worker_id, now_unix_ms=now_ms)
-            if emission.prefill_done is not None:
-                await self.host.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+            await self.host.notify_dispatchers(emission)
             await self.host.send(track, emission.to_client)
             # "whoever holds the request stops work on it": D holds a reservation; the dispatchers are done with it
             await self.host.bus.publish(subjects.CANCEL, CancelRequest(request_id=track.request_id,
@@ -110,8 +112,7 @@ class PrefillDecodeFlow:
             return
         first = dataclasses.replace(out, is_finished=False, finish_reason=None)
         emission = emissions_for(track, first, worker_id=self.host.worker_id, now_unix_ms=now_ms)
-        if emission.prefill_done is not None:
-            await self.host.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+        await self.host.notify_dispatchers(emission)
         await self.host.send(track, emission.to_client)
         track.extra["phase"] = "handoff"
         asyncio.create_task(self._hand_off(track, out))
@@ -241,10 +242,14 @@ class PrefillDecodeFlow:
         except ValueError as exc:
             raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
         del inst.reservations[req.request_id]
+        # the hand-over's dispatched_unix_ms is when P emitted the first token: the first of the outcome's tokens
+        first_ms = run.dispatched_unix_ms
         track = RequestTrack(request_id=req.request_id, model=req.model, instance_id=inst.instance_id,
                              reply_subject=req.reply_subject, num_prompt_tokens=len(prompt),
                              started_unix_ms=_now_ms(), want_logprobs=req.sampling.logprobs,
-                             next_seq=1, num_output_tokens=1, first_token_unix_ms=run.dispatched_unix_ms)
+                             next_seq=1, num_output_tokens=1, first_token_unix_ms=first_ms,
+                             ttft_deadline_unix_ms=req.ttft_deadline_unix_ms, tpot_slo_ms=req.tpot_slo_ms,
+                             num_on_time_tokens=int(first_ms <= req.ttft_deadline_unix_ms))
         track.extra["phase"] = "decode"
         self.host.track(inst, track)
         self.host.wake_engines()

@@ -47,7 +47,7 @@ from .compactor import Compactor
 from ..core.fencing import EpochFence
 from ..core.lifecycle import drain_decision
 from ..core.stream_log import StreamLog
-from ..core.streaming import RequestTrack, emissions_for, failure, request_failed_notice
+from ..core.streaming import Emission, RequestTrack, emissions_for, failure, request_failed_notice
 from .engine_loop import EngineLoop
 from .heartbeat import build_heartbeat, read_stats
 from ..lifecycle.commands import CommandBook
@@ -345,7 +345,8 @@ class WorkerService(Service):
             return
         track = RequestTrack(request_id=req.request_id, model=req.model, instance_id=run.instance_id,
                              reply_subject=req.reply_subject, num_prompt_tokens=req.num_prompt_tokens,
-                             started_unix_ms=self.now_unix_ms(), want_logprobs=req.sampling.logprobs)
+                             started_unix_ms=self.now_unix_ms(), want_logprobs=req.sampling.logprobs,
+                             ttft_deadline_unix_ms=req.ttft_deadline_unix_ms, tpot_slo_ms=req.tpot_slo_ms)
         if inst is None or not inst.is_ready:
             # the registry said ready, we are not (any more): nothing reached the client yet, so the dispatcher
             # takes it back and tries another instance
@@ -412,11 +413,18 @@ class WorkerService(Service):
                         await self.pd.on_prefill_output(track, out, now)
                         continue
                     emission = emissions_for(track, out, worker_id=self.worker_id, now_unix_ms=now)
-                    if emission.prefill_done is not None:
-                        await self.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+                    await self.notify_dispatchers(emission)
                     await self.send(track, emission.to_client)
             except Exception:  # noqa: BLE001 - keep publishing for everyone else
                 log.exception("%s: publishing outputs failed", self.worker_id)
+
+    async def notify_dispatchers(self, emission: Emission) -> None:
+        """What an emission tells the dispatchers: the prefill notice (EPDT correction) and, at the end, the
+        request's on-time tokens (token-level attainment, for the dispatcher that sent it)."""
+        if emission.prefill_done is not None:
+            await self.bus.publish(subjects.PREFILL_DONE, emission.prefill_done, propagate=False)
+        if emission.outcome is not None:
+            await self.bus.publish(subjects.REQUEST_OUTCOME, emission.outcome, propagate=False)
 
     async def send(self, track: RequestTrack, events: list) -> None:
         # logged before it leaves: a resend asked the moment after must find it

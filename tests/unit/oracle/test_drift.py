@@ -172,7 +172,7 @@ def test_a_refit_on_measured_windows_reduces_the_rolling_error(profile, roofline
             f = GridPoint(rate, CHAT, m).features
             measured = float(np.clip(roofline.attainment(f, m, TTFT_SLO_MS, TPOT_SLO_MS)
                                      + 0.02 * rng.standard_normal(), 0.0, 1.0))
-            w = ModelLoadWindow(model="qwen", window_s=10.0, end_unix_ms=clock["now"] * 1e3, num_requests=50,
+            w = ModelLoadWindow(model="qwen", window_s=0.5, end_unix_ms=clock["now"] * 1e3, num_requests=50,
                                 request_rate_rps=rate, features=f, ttft_attainment=measured)
             clock["now"] += 0.5
             assert tracker.score(oracle, w, m, clock["now"]) is not None  # predicted before it is learnt

@@ -1,5 +1,7 @@
 """The Oracle: batched answers, roofline fallback, GP answers with versions, monotone bounds, online learning,
 background refits that never block predictions."""
+import dataclasses
+import itertools
 import threading
 import time
 
@@ -111,10 +113,14 @@ def test_bad_replica_counts_are_refused(fitted):
         fitted.elasticity(ElasticityQuery(items=(ElasticityItem(model="qwen", features=feats(1.0), replicas=(0,)),)))
 
 
-def window(model, rate_tps, num_requests=10, ttft_attainment=0.9):
-    return ModelLoadWindow(model=model, window_s=10.0, end_unix_ms=0.0, num_requests=num_requests,
-                           request_rate_rps=num_requests / 10.0, features=feats(rate_tps),
-                           ttft_attainment=ttft_attainment)
+_WINDOW_ENDS_MS = itertools.count(0.0, 10_000.0)  # each window a window length after the last: all learnable
+
+
+def window(model, rate_tps, num_requests=20, ttft_attainment=0.9, end_ms=None, token_attainment=None):
+    return ModelLoadWindow(model=model, window_s=10.0, end_unix_ms=next(_WINDOW_ENDS_MS) if end_ms is None else end_ms,
+                           num_requests=num_requests, request_rate_rps=num_requests / 10.0, features=feats(rate_tps),
+                           ttft_attainment=ttft_attainment, token_attainment=token_attainment,
+                           num_tokens_due=100 if token_attainment is not None else 0)
 
 
 def test_observe_keeps_windows_with_something_to_learn(profile):
@@ -127,6 +133,46 @@ def test_observe_keeps_windows_with_something_to_learn(profile):
     assert oracle.num_samples("qwen") == {"capacity": 1, "elasticity": 1}
     cap = oracle._capacity_samples["qwen"][0]
     assert cap.features.token_rate_tps == pytest.approx(500.0)  # one replica's share
+
+
+def test_telemetry_is_learnt_one_window_length_apart_and_from_enough_requests(profile):
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
+    assert not oracle.observe(window("qwen", 1000.0, num_requests=19), 1)  # a label of too few requests
+    assert oracle.observe(window("qwen", 1000.0, end_ms=100_000.0), 1)
+    # the next publication 0.5 s later shares most of its requests with the window learnt: not a new sample
+    assert not oracle.observe(window("qwen", 1000.0, end_ms=100_500.0), 1)
+    assert not oracle.observe(window("qwen", 1000.0, end_ms=109_999.0), 1)
+    assert oracle.observe(window("qwen", 1000.0, end_ms=110_000.0), 1)
+    assert oracle.observe(window("other", 1000.0, end_ms=110_500.0), 1)  # spacing is per model
+    assert oracle.num_samples("qwen")["elasticity"] == 2
+    every_window = gp_oracle({"qwen": profile}, policy=dataclasses.replace(FAST, telemetry_spacing_windows=0.0))
+    assert every_window.observe(window("qwen", 1000.0, end_ms=0.0), 1)
+    assert every_window.observe(window("qwen", 1000.0, end_ms=500.0), 1)
+
+
+def test_a_window_is_labelled_by_its_token_attainment_where_it_has_one(profile):
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)
+    assert oracle.observe(window("qwen", 1000.0, ttft_attainment=0.9, token_attainment=0.6), 1)
+    assert oracle.observe(window("qwen", 1000.0, ttft_attainment=0.8), 1)
+    labels = [s.attainment for s in oracle._elasticity_samples["qwen"]]
+    assert labels == [0.6, 0.8]
+    assert oracle._elasticity_samples["qwen"][0].ttft_attainment == 0.9
+
+
+def test_shared_models_learn_into_one_pool_and_each_gets_its_refits(profile, training_set):
+    oracle = gp_oracle({"a": profile, "b": profile}, policy=FAST)
+    oracle.share("a", "kind")
+    oracle.share("b", "kind")
+    oracle.add_training_set(dataclasses.replace(training_set, model="kind"))
+    profiled = oracle.num_samples("a")["elasticity"]
+    assert profiled == len(training_set.elasticity) and oracle.num_samples("b")["elasticity"] == profiled
+    for model in ("a", "b"):
+        assert oracle.observe(window(model, 1000.0), 1)
+    assert oracle.num_samples("kind")["elasticity"] == profiled + 2
+    assert [key for key in oracle.due_for_refit(0.0) if key[1] == "elasticity"] == [("kind", "elasticity")]
+    version = oracle.refit("kind", "elasticity", now_s=0.0)
+    assert oracle.versions("a")["elasticity"] == oracle.versions("b")["elasticity"] == version
+    assert oracle.versions("kind")["elasticity"] == version
 
 
 def test_refits_are_due_after_enough_new_samples_and_time(profile):

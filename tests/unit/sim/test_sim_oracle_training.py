@@ -105,3 +105,39 @@ def test_three_oracles_side_by_side_and_a_clear_error_for_another():
     assert not uses_learned_oracle("janus") and not uses_learned_oracle("static", "learned")
     with pytest.raises(ValueError, match="unknown oracle"):
         JanusControl("both", oracle="psychic")
+
+
+def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, monkeypatch):
+    """As the live oracle service does: the dispatchers' windows carry the workers' token-level outcomes, the
+    oracle learns them against the serving replicas (the apps of a kind in one pool) and refits when due."""
+    import functools
+
+    import sim.oracle_training as training
+    from sim.systems.base import SystemRun
+    from sim.systems.janus import JanusControl
+
+    trace = servegen_trace(num_apps=4, duration_s=120.0, num_requests=6_000, seed=3)
+    busy = build_scenario(trace, num_devices=48, tiers=((1.0, ("qwen2-7b", "qwen2.5-32b")),),
+                          effects=DeviceEffects(seed=3))
+    monkeypatch.setattr(training, "learned_oracle", functools.partial(training.learned_oracle, plan=SMALL_PLAN))
+    control = JanusControl(oracle="learned", oracle_cache_dir=str(tmp_path))
+    windows = []
+    run = SystemRun(busy, control)
+    run.dispatch.load_listeners.insert(0, lambda now_s, window: windows.append(window))
+    profiled = {g.name: len(profile_group(busy, g, tmp_path, SMALL_PLAN).elasticity) for g in groups_of(busy)}
+    result = run.run()
+    scored = [w for w in windows if w.token_attainment is not None]
+    assert scored and all(0.0 <= w.token_attainment <= 1.0 and w.num_tokens_due > 0 for w in scored)
+    # the windows' token attainment is the run's (weighted by the tokens behind it; the windows overlap)
+    measured = sum(w.token_attainment * w.num_tokens_due for w in scored) / sum(w.num_tokens_due for w in scored)
+    assert measured == pytest.approx(result.summary.token_attainment, abs=0.05)
+    learnt = {g: control.learner.num_samples(g)["elasticity"] - n for g, n in profiled.items()}
+    # the 32B kind's busy apps were learnt; the one 7B app never had the 20 requests in a window a label needs
+    assert learnt["qwen2.5-32b-tp2"] > 0 and learnt["qwen2-7b-tp1"] == 0, learnt
+    busiest = max(w.num_requests for w in windows if w.model == busy.apps[3].name)
+    assert busy.apps[3].shape_name == "qwen2-7b" and busiest < control.learner.policy.min_telemetry_requests
+    assert control.num_refits >= 1 and result.counters["oracle_refits"] == control.num_refits
+    group = next(g for g in groups_of(busy) if g.name == "qwen2.5-32b-tp2")
+    version = control.learner.versions(group.name)["elasticity"]
+    assert all(control.learner.versions(busy.apps[a].name)["elasticity"] == version for a in group.apps)
+    assert any(control.drift.summary(a.name) is not None for a in busy.apps)
