@@ -39,9 +39,9 @@ class SharedOracle:
             self.oracle.add_samples(model, capacity, elasticity)
 
     def observe(self, window: ModelLoadWindow, num_replicas: int, attainment: float | None = None,
-                needs_per_replica: NeedVector | None = None) -> bool:
+                needs_per_replica: NeedVector | None = None, replicas_since_ms: float | None = None) -> bool:
         with self._lock:
-            return self.oracle.observe(window, num_replicas, attainment, needs_per_replica)
+            return self.oracle.observe(window, num_replicas, attainment, needs_per_replica, replicas_since_ms)
 
     def due_for_refit(self, now_s: float) -> list[tuple[str, str]]:
         with self._lock:

@@ -43,6 +43,7 @@ from . import metrics
 from .core import ModelProfile, OraclePolicy, UnknownModelError, calibrated_profile
 from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
 from .core.fitlog import FitLog
+from .core.replicas import ReplicaCounts
 from .cpu_device import calibrate_cpu
 from .gp import gp_oracle
 from .refit import BackgroundRefitter, SharedOracle
@@ -92,6 +93,7 @@ class OracleService(Service):
         self.shared = SharedOracle(self.oracle)  # samples and refits: shared with the refit thread, under a lock
         self.refitter: BackgroundRefitter | None = None
         self._replicas: dict[str, dict[str, set[str]]] = {}  # worker -> model -> serving instance ids
+        self.replica_counts = ReplicaCounts()  # per model: how many serve, since when
         self.num_queries = 0
         self.num_windows_learnt = 0
         self.drift = DriftTracker(max_windows=int(cluster.oracle.get("drift_windows", DEFAULT_MAX_WINDOWS)),
@@ -250,9 +252,15 @@ class OracleService(Service):
             if inst.state == ModelState.ACTIVE:
                 serving.setdefault(inst.model, set()).add(inst.instance_id)
         self._replicas[beat.worker_id] = serving
+        now_ms = time.time() * 1e3
+        for model in {*self.replica_counts.models(), *serving}:
+            self.replica_counts.update(model, self._count_replicas(model), now_ms)
+
+    def _count_replicas(self, model: str) -> int:
+        return len(set().union(*(serving.get(model, set()) for serving in self._replicas.values())))
 
     def num_replicas(self, model: str) -> int:
-        return len(set().union(*(serving.get(model, set()) for serving in self._replicas.values())))
+        return self.replica_counts.count(model)
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         num_replicas = self.num_replicas(window.model)
@@ -262,7 +270,7 @@ class OracleService(Service):
             summary = self.drift.summary(window.model)
             if summary is not None:
                 metrics.observe_score(score, summary)
-        if self.shared.observe(window, num_replicas):
+        if self.shared.observe(window, num_replicas, replicas_since_ms=self.replica_counts.since_ms(window.model)):
             self.num_windows_learnt += 1
             self._observe_status()  # samples held
             if self.refitter is not None:

@@ -365,17 +365,23 @@ class Oracle:
             _trim(samples, self.policy.max_samples_per_model)
 
     def observe(self, window: ModelLoadWindow, num_replicas: int, attainment: float | None = None,
-                needs_per_replica: NeedVector | None = None) -> bool:
-        """Learn from one telemetry window served by `num_replicas` replicas. `attainment` defaults to the window's
-        token-level attainment (what profiles label; the workers count it), else its TTFT attainment. Needs, when
-        given, are one replica's, learnt against the per-replica share of the load. False when the window is not
-        learnt: no replica, fewer requests than `min_telemetry_requests`, less than `telemetry_spacing_windows`
-        window lengths after the model's last learnt window, or nothing to learn (no attainment, no needs)."""
+                needs_per_replica: NeedVector | None = None, replicas_since_ms: float | None = None) -> bool:
+        """Learn from one telemetry window served by `num_replicas` replicas, a count held since `replicas_since_ms`
+        (None: unknown, taken as held). `attainment` defaults to the window's token-level attainment (what profiles
+        label; the workers count it), else its TTFT attainment. Needs, when given, are one replica's, learnt against
+        the per-replica share of the load. False when the window is not learnt: no replica, fewer requests than
+        `min_telemetry_requests`, a replica count that changed less than `telemetry_settle_windows` window lengths
+        before the window began, less than `telemetry_spacing_windows` window lengths after the model's last learnt
+        window, or nothing to learn (no attainment, no needs)."""
         if window.num_requests < self.policy.min_telemetry_requests or num_replicas < 1:
+            return False
+        window_ms = window.window_s * 1e3
+        if replicas_since_ms is not None and \
+                replicas_since_ms > window.end_unix_ms - window_ms * (1.0 + self.policy.telemetry_settle_windows):
             return False
         last_ms = self._last_telemetry_end_ms.get(window.model)
         if last_ms is not None and \
-                window.end_unix_ms - last_ms < self.policy.telemetry_spacing_windows * window.window_s * 1e3:
+                window.end_unix_ms - last_ms < self.policy.telemetry_spacing_windows * window_ms:
             return False
         value = attainment if attainment is not None else measured_attainment(window)
         elasticity = [] if value is None else [ElasticitySample(

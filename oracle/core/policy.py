@@ -24,6 +24,11 @@ class OraclePolicy:
     # handful of requests is mostly noise, and in logits an attainment of 0 or 1 sits ~7 units from the rest)
     telemetry_spacing_windows: float = 1.0
     min_telemetry_requests: int = 20
+    # ...and only from a window whose replica count held from this many window lengths before the window began to its
+    # end. Replicas are added because attainment fell (a burst, a backlog) and the requests finishing just after still
+    # carry the wait from before: learnt, such windows say "with more replicas, attainment was low", the GP concludes
+    # replicas do not help and the scaler asks for the whole fleet (docs/oracle.md, "Learning online").
+    telemetry_settle_windows: float = 1.0
     # The std of an elasticity answer's bound = mean - k * std: "latent" is the GP's uncertainty about the expected
     # attainment, what a replica count is sized for; "predictive" adds one window's label noise (the std the answer
     # reports either way, what a measured window is compared with). With the noise in the bound, a 0.99 target is
@@ -47,7 +52,8 @@ class OraclePolicy:
         if self.length_extrapolation_factor != 0 and self.length_extrapolation_factor < 1:
             raise ValueError("OraclePolicy: length_extrapolation_factor >= 1 (or 0: off), "
                              f"got {self.length_extrapolation_factor!r}")
-        if self.telemetry_spacing_windows < 0 or self.min_telemetry_requests < 1:
-            raise ValueError("OraclePolicy: telemetry_spacing_windows >= 0 and min_telemetry_requests >= 1")
+        if self.telemetry_spacing_windows < 0 or self.min_telemetry_requests < 1 or self.telemetry_settle_windows < 0:
+            raise ValueError("OraclePolicy: telemetry_spacing_windows >= 0, telemetry_settle_windows >= 0 and "
+                             "min_telemetry_requests >= 1")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")

@@ -9,6 +9,7 @@ from contracts import LoadFeatures, ModelLoadWindow, ModelState
 from dispatcher.core import DispatchPolicy
 from oracle.core.drift import DriftTracker
 from oracle.core.oracle import ModelProfile, Oracle
+from oracle.core.replicas import ReplicaCounts
 from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
                           elastic_budget_devices, elastic_models_of, in_flight_by_model, plan_decision,
                           steady_worker_order)
@@ -154,6 +155,7 @@ class JanusControl(ControlPlane):
             # outcomes) against the replicas serving, refits as its policy makes them due (`_learn`)
             self.learner = oracle
             self.drift = DriftTracker()
+            self.replica_counts = ReplicaCounts()  # the counts the heartbeats would show, and since when
             run.dispatch.report_outcomes()
             return oracle
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
@@ -163,10 +165,12 @@ class JanusControl(ControlPlane):
         without it, learnt, and the refits now due run (live in a background thread, seconds of wall time; here at
         once, in no simulated time). The replicas are the serving instances the heartbeats report, as live."""
         learner = self.learner
-        num_replicas = sum(1 for _, status in self.fleet.instances()
-                           if status.model == window.model and status.state == ModelState.ACTIVE)
+        self.replica_counts.update(window.model, sum(
+            1 for _, status in self.fleet.instances()
+            if status.model == window.model and status.state == ModelState.ACTIVE), now_s * 1e3)
+        num_replicas = self.replica_counts.count(window.model)
         self.drift.score(learner, window, num_replicas, now_s)
-        if not learner.observe(window, num_replicas):
+        if not learner.observe(window, num_replicas, replicas_since_ms=self.replica_counts.since_ms(window.model)):
             return
         due = learner.due_for_refit(now_s)
         for pool, kind in due:

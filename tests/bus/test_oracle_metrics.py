@@ -79,7 +79,7 @@ async def test_oracle_metrics_show_its_gps_and_its_error_on_windows(nats_url, bu
         await publisher.publish(subjects.worker_telemetry("om-w1"), heartbeat("om-w1", MODEL, 2))
         await wait_for(lambda: service.num_replicas(MODEL) == 2, what="the replica count from the heartbeat",
                        timeout_s=30.0)
-        first_end_ms = time.time() * 1e3
+        first_end_ms = service.replica_counts.since_ms(MODEL) + 20_000.0  # the count held a window before the first
         for i in range(NUM_WINDOWS):
             rate_rps = 10.0 * (i + 1)
             # windows that do not overlap (the oracle learns one per window length per model)

@@ -73,16 +73,23 @@ async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service
         instance("d0", "tiny", InstanceRole.DECODE),)))
     await wait_for(lambda: service.num_replicas("tiny") == 5, timeout_s=10, interval_s=0.02,
                    what="the replica count from four heartbeats")
+    def tiny_window(end_ms: float, i: int) -> ModelLoadWindow:
+        return ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=end_ms, num_requests=20, request_rate_rps=2.0,
+                               features=FEATURES.model_copy(update={"token_rate_tps": 300.0 * (i + 1)}),
+                               ttft_attainment=1.0 - 0.2 * i)
+
+    # a window that began less than a window length after the count last changed straddles the change: not learnt;
+    # windows that begin a window length after it are, each a window length after the last
+    counted_ms = service.replica_counts.since_ms("tiny")
+    await publisher.publish(subjects.model_telemetry("tiny"), tiny_window(counted_ms + 15_000.0, 4))
     for i in range(4):
-        window = ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=10_000.0 * i, num_requests=20,
-                                 request_rate_rps=2.0, features=FEATURES.model_copy(
-                                     update={"token_rate_tps": 300.0 * (i + 1)}), ttft_attainment=1.0 - 0.2 * i)
-        await publisher.publish(subjects.model_telemetry("tiny"), window)
+        await publisher.publish(subjects.model_telemetry("tiny"), tiny_window(counted_ms + 20_000.0 + 10_000.0 * i, i))
     await wait_for(lambda: service.num_windows_learnt >= 4, timeout_s=10, interval_s=0.02, what="four windows learnt")
     assert service.num_replicas("tiny") == 5
     assert service.num_windows_learnt == 4
     samples = service.oracle._elasticity_samples["tiny"]
     assert {s.num_replicas for s in samples} == {5}
+    assert [s.features.token_rate_tps for s in samples] == [300.0, 600.0, 900.0, 1200.0]
     # the refitter was woken: the elasticity model is refitted in the background
     await wait_for(lambda: service.oracle.versions("tiny")["elasticity"].startswith("gp-"), timeout_s=30,
                    what="the elasticity model refitted as a GP")

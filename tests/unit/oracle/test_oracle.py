@@ -13,6 +13,7 @@ from contracts import (CapacityItem, CapacityQuery, ElasticityItem, ElasticityQu
 from oracle.core import Oracle, OraclePolicy, UnknownModelError
 from oracle.training_files import load_training_set, save_training_set
 from oracle.core.dataset import ElasticitySample
+from oracle.core.replicas import ReplicaCounts
 from oracle.gp import gp_oracle
 from oracle.refit import BackgroundRefitter, SharedOracle
 
@@ -148,6 +149,36 @@ def test_telemetry_is_learnt_one_window_length_apart_and_from_enough_requests(pr
     every_window = gp_oracle({"qwen": profile}, policy=dataclasses.replace(FAST, telemetry_spacing_windows=0.0))
     assert every_window.observe(window("qwen", 1000.0, end_ms=0.0), 1)
     assert every_window.observe(window("qwen", 1000.0, end_ms=500.0), 1)
+
+
+def test_a_window_is_learnt_only_once_its_replica_count_has_held_a_window_before_it(profile):
+    """Replicas are added because attainment fell: the requests finishing just after still carry the wait from
+    before, and learnt against the new count they would teach the GP that replicas do not help."""
+    oracle = gp_oracle({"qwen": profile}, policy=FAST)  # 10 s windows, settle one window length
+    changed_ms = 100_000.0
+    assert not oracle.observe(window("qwen", 1000.0, end_ms=105_000.0), 3, replicas_since_ms=changed_ms)
+    # began at the change: the window before it saw the old count
+    assert not oracle.observe(window("qwen", 1000.0, end_ms=110_000.0), 3, replicas_since_ms=changed_ms)
+    assert not oracle.observe(window("qwen", 1000.0, end_ms=119_999.0), 3, replicas_since_ms=changed_ms)
+    assert oracle.observe(window("qwen", 1000.0, end_ms=120_000.0), 3, replicas_since_ms=changed_ms)
+    assert oracle.observe(window("qwen", 1000.0, end_ms=130_000.0), 3)  # a count of unknown age: taken as held
+    assert oracle.num_samples("qwen")["elasticity"] == 2
+    eager = gp_oracle({"qwen": profile}, policy=dataclasses.replace(FAST, telemetry_settle_windows=0.0))
+    assert eager.observe(window("qwen", 1000.0, end_ms=110_000.0), 3, replicas_since_ms=changed_ms)
+    with pytest.raises(ValueError, match="telemetry_settle_windows"):
+        OraclePolicy(telemetry_settle_windows=-1.0)
+
+
+def test_replica_counts_remember_when_each_count_began():
+    counts = ReplicaCounts()
+    assert counts.count("qwen") == 0 and counts.since_ms("qwen") is None
+    counts.update("qwen", 2, 1_000.0)
+    counts.update("qwen", 2, 2_000.0)  # the same count reported again: it has held since the first report
+    assert (counts.count("qwen"), counts.since_ms("qwen")) == (2, 1_000.0)
+    counts.update("qwen", 3, 3_000.0)
+    counts.update("qwen", 0, 4_000.0)
+    assert (counts.count("qwen"), counts.since_ms("qwen")) == (0, 4_000.0)
+    assert counts.models() == ["qwen"]
 
 
 def test_a_window_is_labelled_by_its_token_attainment_where_it_has_one(profile):

@@ -83,7 +83,7 @@ async def test_refits_and_windows_show_in_health_and_metrics(tmp_path, roofline)
     with pytest.raises(ValueError):
         refits.refit("rep-cold", "elasticity", 0.0)  # no samples: a failed fit, counted
     # one window, served by two replicas (heartbeats), scored before it is learnt
-    svc._replicas = {"w1": {"rep-gp": {"i0", "i1"}}}  # worker -> model -> serving instance ids
+    svc.replica_counts.update("rep-gp", 2, -20_000.0)  # as the heartbeats left it: two, since a window before
     w = ModelLoadWindow(model="rep-gp", window_s=10.0, end_unix_ms=0.0, num_requests=30, request_rate_rps=3.0,
                         features=GridPoint(10.0, CHAT, 2).features, ttft_attainment=0.75)
     await svc._on_window(w, None)

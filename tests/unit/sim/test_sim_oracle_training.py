@@ -110,8 +110,6 @@ def test_three_oracles_side_by_side_and_a_clear_error_for_another():
 def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, monkeypatch):
     """As the live oracle service does: the dispatchers' windows carry the workers' token-level outcomes, the
     oracle learns them against the serving replicas (the apps of a kind in one pool) and refits when due."""
-    import functools
-
     import sim.oracle_training as training
     from sim.systems.base import SystemRun
     from sim.systems.janus import JanusControl
@@ -119,7 +117,16 @@ def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, mo
     trace = servegen_trace(num_apps=4, duration_s=120.0, num_requests=6_000, seed=3)
     busy = build_scenario(trace, num_devices=48, tiers=((1.0, ("qwen2-7b", "qwen2.5-32b")),),
                           effects=DeviceEffects(seed=3))
-    monkeypatch.setattr(training, "learned_oracle", functools.partial(training.learned_oracle, plan=SMALL_PLAN))
+    profiled_oracle = training.learned_oracle
+
+    def small_learned_oracle(scenario, cache_dir, **kwargs):
+        oracle = profiled_oracle(scenario, cache_dir, plan=SMALL_PLAN, **kwargs)
+        # two minutes of trace: a refit after 4 new windows of a pool, not the default 16 (windows are learnt one
+        # per window length and only once the replica count has held a window before)
+        oracle.policy = replace(oracle.policy, refit_min_new_samples=4)
+        return oracle
+
+    monkeypatch.setattr(training, "learned_oracle", small_learned_oracle)
     control = JanusControl(oracle="learned", oracle_cache_dir=str(tmp_path))
     windows = []
     run = SystemRun(busy, control)
