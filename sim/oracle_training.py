@@ -284,6 +284,7 @@ def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_
             oracle.register(name, profile)
             oracle.share(name, group.name)
         oracle.add_training_set(replace(training_set, model=group.name))
-        for kind in ("capacity", "elasticity"):
-            oracle.refit(group.name, kind, now_s=0.0)
+    # the first fits as the live service makes them at start: what the oracle's own refit rule says is due
+    for pool, kind in oracle.due_for_refit(0.0):
+        oracle.refit(pool, kind, 0.0)
     return oracle
