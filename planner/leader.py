@@ -95,11 +95,30 @@ class Leadership:
                                                   WRITE_TIMEOUT_S)
                 self.lease.on_refreshed(sent_at_s, revision)
         except KeyWrongLastSequenceError:
-            if step == "refresh":  # taken by another copy after ours expired
+            if step == "refresh":  # taken by another copy after ours expired, or our last write landed unanswered
                 self.lease.on_lost()
+            await self._reclaim_own(value)
         except (NatsError, asyncio.TimeoutError, OSError) as exc:
             log.debug("%s: lease %s got no answer: %r", self.role, step, exc)
             self.lease.on_unreachable(time.monotonic())
+
+
+    async def _reclaim_own(self, value: bytes) -> None:
+        """The key exists: if it is ours (a write of ours that landed after we stopped waiting for its answer, as
+        when this process stalled past WRITE_TIMEOUT_S), take it back at once with an update conditional on its
+        revision, instead of standing by until our own entry expires. Another holder's key is left alone."""
+        assert self._kv is not None
+        sent_at_s = time.monotonic()
+        try:
+            entry = await asyncio.wait_for(self._kv.get(self.role), WRITE_TIMEOUT_S)
+            if entry.value is None or json.loads(entry.value).get("holder") != self.holder:
+                return
+            revision = await asyncio.wait_for(self._kv.update(self.role, value, last=entry.revision),
+                                              WRITE_TIMEOUT_S)
+        except (NatsError, asyncio.TimeoutError, OSError, ValueError) as exc:  # gone, changed, or unanswered
+            log.debug("%s: reclaiming our own lease failed: %r", self.role, exc)
+            return
+        self.lease.on_won(sent_at_s, revision)
 
 
 class Elected:

@@ -46,6 +46,7 @@ class ReconcilerService(Elected, Service):
         self._kv = None
         self._watcher = None
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
         self._lock = asyncio.Lock()  # effects are applied in the order the core produced them
         self.num_commands = 0
         self.num_failed_actions = 0
@@ -65,7 +66,10 @@ class ReconcilerService(Elected, Service):
         self._tasks.append(asyncio.create_task(self._periodic()))
 
     async def stop(self) -> None:
-        await cancel_and_wait(*self._tasks, what="reconciler")  # first: _periodic would start the watch again
+        self._stopping = True  # no new command goes out: a reply or a tick landing meanwhile must not start one
+        while self._tasks:  # first: _periodic would start the watch again
+            tasks, self._tasks = self._tasks, []
+            await cancel_and_wait(*tasks, what="reconciler")
         await self._stop_watch()
         await self.end_campaign()
 
@@ -184,6 +188,8 @@ class ReconcilerService(Elected, Service):
                 self.plan_statuses = (self.plan_statuses + [status])[-100:]
                 await self._audit(subjects.PLAN_STATUS, status)
         for cmd in effects.commands:
+            if self._stopping:  # what it would have sent, the next leader's core decides again from the registry
+                break
             self.num_commands += 1
             self._tasks.append(asyncio.create_task(self._send(cmd)))
         self._tasks = [t for t in self._tasks if not t.done()]

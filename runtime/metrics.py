@@ -42,6 +42,9 @@ def histogram(name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY
     return _get(Histogram, name, doc, labels, buckets=buckets)
 
 
+STOP_POLL_S = 0.05
+
+
 class MetricsServer:
     """/metrics over HTTP in a daemon thread (for services without an HTTP server of their own)."""
 
@@ -50,7 +53,10 @@ class MetricsServer:
                                                 handler_class=_SilentHandler)
         self.host = host
         self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="janus-metrics", daemon=True)
+        # stop() waits for serve_forever to notice, up to one poll: the default 0.5 s held a stopping service's
+        # event loop that long
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": STOP_POLL_S},
+                                        name="janus-metrics", daemon=True)
         self._thread.start()
 
     @property

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from contracts import HealthReply, subjects
 
 from .bus import Bus, Envelope
+from .loop_lag import LoopLagMonitor
 from .metrics import MetricsServer
 from .settings import ClusterConfig, JanusSettings
 from .tracing import install_log_trace_ids, setup_tracing
@@ -38,6 +39,7 @@ class Service(ABC):
         self.is_stopping = False
         self.stopped = asyncio.Event()
         self.metrics_url = ""
+        self.loop_lag = LoopLagMonitor(self.name)
 
     @property
     def instance(self) -> str:
@@ -196,6 +198,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
     if install_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stopped.set)
+    lag_task = asyncio.create_task(service.loop_lag.run(), name=f"loop lag {service.name}")
     try:
         service.start_metrics()
         await service.start(bus)
@@ -209,6 +212,7 @@ async def run_service(service: Service, *, install_signals: bool = True) -> None
             await finish_within(service.stop(), service.stop_timeout_s, f"{service.name} {service.instance}: stop()")
         finally:
             service.stop_metrics()
+            await cancel_and_wait(lag_task, what=f"{service.name} loop lag monitor")
             await finish_within(bus.close(), CLOSE_TIMEOUT_S, f"{service.name} {service.instance}: closing NATS")
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):

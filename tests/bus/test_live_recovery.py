@@ -231,6 +231,9 @@ async def test_live_recovery_after_a_shock_beside_the_simulators_prediction(nats
         on_time = await replay(services["gateway"].url, trace, [a.ttft_slo_s for a in scenario.apps],
                                [a.tpot_slo_s for a in scenario.apps])
         wall_s = time.monotonic() - started
+        # what stalls the loop stalls every service of this test (planners stand by): measured until the replay ends
+        lag = services["gateway"].loop_lag
+        max_lag_s, num_stalls = lag.max_lag_s, lag.num_stalls
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
@@ -246,7 +249,8 @@ async def test_live_recovery_after_a_shock_beside_the_simulators_prediction(nats
               if -3 <= t - shock <= 20]
     print(f"\nlive: recovery {live.recovery_s:.1f} s, {shocked} after the shock {live.shocked_attainment:.3f}, all "
           f"{overall:.3f}, {shocked} instances at most {before} before the shock, {after} after, "
-          f"replay {wall_s:.0f} s\n"
+          f"replay {wall_s:.0f} s, event loop (shared by every service here) late by {max_lag_s:.2f} s at most, "
+          f"{num_stalls} stall(s) over {lag.warn_after_s:g} s\n"
           f"simulator: recovery {predicted.recovery_s:.1f} s, {shocked} after the shock "
           f"{predicted.shocked_attainment:.3f}\nlive per second: {' '.join(window)}")
     # more than one instance served the shocked model, and the live cluster recovered within the bound

@@ -122,7 +122,7 @@ class MooncakeTransfer:
         with self._lock:
             if address in self._registered:
                 return
-            rc = self._engine.register_memory(address, num_bytes)
+            rc = self._live_engine().register_memory(address, num_bytes)
             if rc != 0:
                 raise TransferError(f"register_memory({address:#x}, {num_bytes}) returned {rc}")
             self._registered[address] = num_bytes
@@ -143,7 +143,7 @@ class MooncakeTransfer:
         with self._lock:
             base = self._remote_bases.get(peer)
         if base is None:
-            base = int(self._engine.get_first_buffer_address(peer))
+            base = int(self._live_engine().get_first_buffer_address(peer))
             if base <= 0:
                 raise TransferError(f"peer {peer} has registered no memory (or cannot be reached)")
             with self._lock:
@@ -180,7 +180,8 @@ class MooncakeTransfer:
         if any(a <= 0 for a in remote_addresses):
             raise ValueError(f"an offset points below address 0 of {peer}")
         locals_, remotes, sizes = _split(local_addresses, remote_addresses, lengths, self.settings.max_chunk_bytes)
-        call = self._engine.batch_transfer_sync_read if kind == "read" else self._engine.batch_transfer_sync_write
+        engine = self._live_engine()
+        call = engine.batch_transfer_sync_read if kind == "read" else engine.batch_transfer_sync_write
         rc = call(peer, locals_, remotes, sizes)
         if rc != 0:
             self.forget_peer(peer)  # a restarted peer has a new base; look it up again next time
@@ -194,12 +195,26 @@ class MooncakeTransfer:
         with self._lock:
             return TransferStats(self._num_transfers, self._num_bytes)
 
+    def _live_engine(self):
+        if self._engine is None:
+            raise TransferError(f"the transfer engine {self.session} is closed")
+        return self._engine
+
+    @property
+    def is_closed(self) -> bool:
+        return self._engine is None
+
     def close(self) -> None:
+        """Unregister every buffer and destroy the engine now. The library's destructor stops its threads and takes
+        about a second holding the GIL (measured: 1.0 s on the CPU build, whichever thread drops it), so it runs here,
+        at the worker's stop, not in whatever later garbage-collection pass would find it: there it stalled every
+        thread of the process (in the test suite, 5.6 s in the middle of another cluster's timed run)."""
         for address in list(self._registered):
             try:
                 self.unregister(address)
             except Exception:  # noqa: BLE001 - closing anyway
                 log.debug("unregister %#x failed", address, exc_info=True)
+        self._engine = None  # the last reference: the destructor runs here
 
 
 def _split(local_addresses: Sequence[int], remote_addresses: Sequence[int], lengths: Sequence[int],

@@ -73,3 +73,28 @@ def test_the_transfer_host_is_the_interface_that_reaches_nats_unless_set(monkeyp
     assert host_reaching("") == "127.0.0.1"
     monkeypatch.setenv("JANUS_TRANSFER_HOST", "10.1.2.3")
     assert transfer_settings("nats://127.0.0.1:4222").host == "10.1.2.3"
+
+
+def _num_threads() -> int:
+    """Threads of this process, native ones included (the engine's are not Python threads)."""
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_close_destroys_the_engine_there_and_then():
+    """The engine's destructor stops its threads and holds the GIL about a second: it must run at close(), not in a
+    later garbage-collection pass of whatever the process does then (worker/dataplane/transfer.py `close`)."""
+    before = _num_threads()
+    te = MooncakeTransfer.start()
+    scratch = torch.zeros(16, dtype=torch.uint8)
+    te.register(scratch.data_ptr(), scratch.numel())
+    started = _num_threads()
+    assert started > before
+    te.close()
+    assert te.is_closed and _num_threads() < started  # its threads ended at close, while `te` is still referenced
+    with pytest.raises(TransferError, match="closed"):
+        te.register(scratch.data_ptr(), scratch.numel())
+    with pytest.raises(TransferError, match="closed"):
+        te.read("127.0.0.1:1", [scratch.data_ptr()], [0], [16])
