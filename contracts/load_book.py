@@ -1,8 +1,10 @@
 """Per-model load from the windows of every dispatcher: each dispatcher sees only the requests its queue group
-handed it, so a model's load is the sum over dispatchers of their latest windows (stale ones dropped)."""
+handed it, so a model's load is the sum over dispatchers of their latest windows (stale ones dropped). Here, below
+the services, because the planners (planner/core/steady.py, elastic.py) and the oracle (oracle/core/intake.py) must
+read one model's load the same way."""
 from __future__ import annotations
 
-from contracts import LoadFeatures, ModelLoadWindow
+from .telemetry import LoadFeatures, ModelLoadWindow
 
 
 def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
@@ -69,11 +71,17 @@ class LoadBook:
             per_dispatcher[window.dispatcher_id] = window
         return self.merged(window.model, window.end_unix_ms)  # type: ignore[return-value]
 
-    def merged(self, model: str, now_ms: float | None = None) -> ModelLoadWindow | None:
+    def fresh(self, model: str, now_ms: float | None = None) -> list[ModelLoadWindow]:
+        """The model's latest window of each dispatcher that still counts at `now_ms` (None: all); the newest one
+        when every dispatcher is stale."""
         windows = list(self._latest.get(model, {}).values())
         if now_ms is not None and len(windows) > 1:
             fresh = [w for w in windows if now_ms - w.end_unix_ms <= self.stale_after_windows * w.window_s * 1000.0]
             windows = fresh or [max(windows, key=lambda w: w.end_unix_ms)]
+        return windows
+
+    def merged(self, model: str, now_ms: float | None = None) -> ModelLoadWindow | None:
+        windows = self.fresh(model, now_ms)
         return merge_windows(windows) if windows else None
 
     def __contains__(self, model: str) -> bool:

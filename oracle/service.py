@@ -43,6 +43,7 @@ from . import metrics
 from .core import ModelProfile, OraclePolicy, UnknownModelError, calibrated_profile
 from .core.drift import DEFAULT_K_SIGMA, DEFAULT_MAX_WINDOWS, DriftTracker
 from .core.fitlog import FitLog
+from .core.intake import WindowIntake
 from .core.replicas import ReplicaCounts
 from .cpu_device import calibrate_cpu
 from .gp import gp_oracle
@@ -98,6 +99,7 @@ class OracleService(Service):
         self.num_windows_learnt = 0
         self.drift = DriftTracker(max_windows=int(cluster.oracle.get("drift_windows", DEFAULT_MAX_WINDOWS)),
                                   k_sigma=float(cluster.oracle.get("drift_k_sigma", DEFAULT_K_SIGMA)))
+        self.intake = WindowIntake(self.drift, self.replica_counts)
         self.fits = FitLog()
         self.training_sets_loaded: list[str] = []
         self._report_lock = threading.Lock()  # the fit log is written from the refit thread, read from the loop
@@ -263,14 +265,13 @@ class OracleService(Service):
         return self.replica_counts.count(model)
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
-        num_replicas = self.num_replicas(window.model)
-        # scored before it is learnt: the error of a prediction made without this window
-        score = self.drift.score(self.oracle, window, num_replicas, time.time())
-        if score is not None:
+        # merged with the other dispatchers' windows, scored before it is learnt (oracle/core/intake.py)
+        taken = self.intake.take(window, self.oracle, self.shared, time.time())
+        if taken.score is not None:
             summary = self.drift.summary(window.model)
             if summary is not None:
-                metrics.observe_score(score, summary)
-        if self.shared.observe(window, num_replicas, replicas_since_ms=self.replica_counts.since_ms(window.model)):
+                metrics.observe_score(taken.score, summary)
+        if taken.is_learnt:
             self.num_windows_learnt += 1
             self._observe_status()  # samples held
             if self.refitter is not None:

@@ -17,7 +17,7 @@ from .overflow import OverflowWatch
 from .greedy import lower_bound, pack_ffd, pack_phi
 from .oracle_port import OracleAnswerError, OracleLike
 from .packing import Packing, phi
-from .load_book import LoadBook, merge_windows
+from contracts.load_book import LoadBook, merge_windows
 from .policy import ElasticPolicy, PlannerPolicy, PoolPolicy, ReconcilerPolicy, SteadyPolicy
 from .pool_assignment import PoolAssigner, PoolVerdict
 from .reconciler import Reconciler

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from contracts import ElasticPlan, ElasticTarget, LoadFeatures, ModelLoadWindow
 
 from .debounce import Debouncer
-from .load_book import LoadBook
+from contracts.load_book import LoadBook
 from .oracle_port import OracleLike
 from .policy import ElasticPolicy
 from .replica_search import ReplicaSearch, search_min_replicas

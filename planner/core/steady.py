@@ -22,7 +22,7 @@ from contracts import (
 from .consolidation import consolidate, keep_in_place
 from .exact import solve_exact
 from .greedy import pack_phi, sorted_models
-from .load_book import LoadBook
+from contracts.load_book import LoadBook
 from .oracle_port import OracleAnswerError, OracleLike
 from .packing import Packing, Vec, place_phi
 from .policy import PoolPolicy, SteadyPolicy

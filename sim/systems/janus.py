@@ -8,6 +8,7 @@ from __future__ import annotations
 from contracts import LoadFeatures, ModelLoadWindow, ModelState
 from dispatcher.core import DispatchPolicy
 from oracle.core.drift import DriftTracker
+from oracle.core.intake import WindowIntake
 from oracle.core.oracle import ModelProfile, Oracle
 from oracle.core.replicas import ReplicaCounts
 from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
@@ -91,7 +92,7 @@ class JanusControl(ControlPlane):
         self.algorithm = self._dispatch.algorithm
         self.plans: list = []  # every plan, for the audit trail
         self.learner: Oracle | None = None  # the learned oracle, learning online (`_learn`)
-        self.drift: DriftTracker | None = None
+        self.intake: WindowIntake | None = None
         self.num_refits = 0
 
     def dispatch_policy(self) -> DispatchPolicy:
@@ -154,8 +155,8 @@ class JanusControl(ControlPlane):
             # it learns online as the live oracle service does: the windows' token-level attainment (the workers'
             # outcomes) against the replicas serving, refits as its policy makes them due (`_learn`)
             self.learner = oracle
-            self.drift = DriftTracker()
-            self.replica_counts = ReplicaCounts()  # the counts the heartbeats would show, and since when
+            # the counts the heartbeats would show, and since when; the windows merged as the service merges them
+            self.intake = WindowIntake(DriftTracker(), ReplicaCounts())
             run.dispatch.report_outcomes()
             return oracle
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
@@ -165,12 +166,10 @@ class JanusControl(ControlPlane):
         without it, learnt, and the refits now due run (live in a background thread, seconds of wall time; here at
         once, in no simulated time). The replicas are the serving instances the heartbeats report, as live."""
         learner = self.learner
-        self.replica_counts.update(window.model, sum(
+        self.intake.replica_counts.update(window.model, sum(
             1 for _, status in self.fleet.instances()
             if status.model == window.model and status.state == ModelState.ACTIVE), now_s * 1e3)
-        num_replicas = self.replica_counts.count(window.model)
-        self.drift.score(learner, window, num_replicas, now_s)
-        if not learner.observe(window, num_replicas, replicas_since_ms=self.replica_counts.since_ms(window.model)):
+        if not self.intake.take(window, learner, learner, now_s).is_learnt:
             return
         due = learner.due_for_refit(now_s)
         for pool, kind in due:

@@ -94,3 +94,25 @@ async def test_windows_are_learnt_with_the_replica_count_from_heartbeats(service
     await wait_for(lambda: service.oracle.versions("tiny")["elasticity"].startswith("gp-"), timeout_s=30,
                    what="the elasticity model refitted as a GP")
     assert service.health().detail["tiny.elasticity"].startswith("gp-")
+
+
+async def test_windows_of_two_dispatchers_are_learnt_as_the_models_whole_load(service, bus_factory):
+    """Two dispatchers share a model's requests (a queue group): the service learns their merged window, the
+    model's whole load against its replicas, not each dispatcher's half (oracle/core/intake.py)."""
+    publisher = await bus_factory("dispatchers")
+    await publisher.publish(subjects.worker_telemetry("w1"), heartbeat("w1", "tiny", 2))
+    await wait_for(lambda: service.num_replicas("tiny") == 2, timeout_s=10, interval_s=0.02,
+                   what="the replica count from a heartbeat")
+    counted_ms = service.replica_counts.since_ms("tiny")
+
+    def half(dispatcher: str, end_ms: float, attainment: float) -> ModelLoadWindow:
+        return ModelLoadWindow(model="tiny", window_s=10.0, end_unix_ms=end_ms, num_requests=15, request_rate_rps=1.5,
+                               features=FEATURES.model_copy(update={"token_rate_tps": 400.0}),
+                               ttft_attainment=attainment, dispatcher_id=dispatcher)
+
+    await publisher.publish(subjects.model_telemetry("tiny"), half("d1", counted_ms + 30_000.0, 1.0))
+    await publisher.publish(subjects.model_telemetry("tiny"), half("d2", counted_ms + 30_300.0, 0.8))
+    await wait_for(lambda: service.num_windows_learnt >= 1, timeout_s=10, interval_s=0.02, what="a window learnt")
+    (sample,) = service.oracle._elasticity_samples["tiny"]  # one dispatcher's 15 requests are too few alone
+    assert sample.features.token_rate_tps == 800.0 and sample.num_replicas == 2 and sample.num_requests == 30
+    assert sample.attainment == pytest.approx(0.9)

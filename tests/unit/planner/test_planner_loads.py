@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import LoadFeatures, ModelLoadWindow
-from planner.core.load_book import LoadBook, merge_windows
+from contracts.load_book import LoadBook, merge_windows
 
 
 def _w(dispatcher: str, rate: float, in_mean: float, in_var: float, end_ms: float) -> ModelLoadWindow:

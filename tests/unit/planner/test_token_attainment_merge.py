@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import LoadFeatures, ModelLoadWindow
-from planner.core.load_book import merge_windows
+from contracts.load_book import merge_windows
 
 
 def _w(dispatcher: str, rate: float, token_attainment: float | None, num_tokens_due: int) -> ModelLoadWindow:

@@ -147,4 +147,4 @@ def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, mo
     group = next(g for g in groups_of(busy) if g.name == "qwen2.5-32b-tp2")
     version = control.learner.versions(group.name)["elasticity"]
     assert all(control.learner.versions(busy.apps[a].name)["elasticity"] == version for a in group.apps)
-    assert any(control.drift.summary(a.name) is not None for a in busy.apps)
+    assert any(control.intake.drift.summary(a.name) is not None for a in busy.apps)
