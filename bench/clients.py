@@ -9,7 +9,9 @@ after the other, each for --duration-s at a constant --rate of requests per seco
 
 Each run is bounded by a hard timeout (duration + --margin-s): past it the client's whole process group is killed
 and the run counts as failed. The figures come from each tool's own export (guidellm's JSON report, aiperf's
-profile_export_aiperf.json and per-request profile_export.jsonl); the table is printed and a JSON summary written
+profile_export_aiperf.json and per-request profile_export.jsonl); beside them the server's own view of each run,
+from the gateway's /metrics scraped before and after it (bench/server_view.py: the gateway's TTFT, how late its
+event loop ran), which tells the server's time from the client's; the table is printed and a JSON summary written
 to --out. The exit status is 1 when a run errored, timed out or completed nothing.
 
     .venv/bin/python bench/clients.py --gateway http://127.0.0.1:8000 --state-dir .janus --out artifacts/clients
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
     Bounded, aiperf_stat, aiperf_statuses, installed_version, run_bounded, table, venv_tool)
+from bench.server_view import ServerView, scrape, server_view  # noqa: E402
 
 GUIDELLM_SPEC = "guidellm==0.8.1"
 AIPERF_SPEC = "aiperf==0.13.0"
@@ -61,6 +64,7 @@ class Outcome:
     ran: Bounded
     figures: Figures | None
     problem: str = ""
+    server: ServerView | None = None  # the gateway's own view of the run (None: its /metrics could not be read)
 
     @property
     def failed(self) -> bool:
@@ -135,11 +139,15 @@ def tokenizer_dir(args: argparse.Namespace) -> Path:
 
 
 def run_client(name: str, cmd: list[str], version: str, timeout_s: float, out: Path,
-               read: Callable[[], Figures]) -> Outcome:
+               read: Callable[[], Figures], metrics_url: str) -> Outcome:
     """Runs one client bounded by timeout_s and reads its export; a timeout, an exit status or an unreadable
-    export is the outcome's problem (the figures read, if any, are kept)."""
+    export is the outcome's problem (the figures read, if any, are kept). The gateway's /metrics, scraped before
+    and after, give the server's own view of the run."""
     print(f"[{name}] {' '.join(cmd)}", flush=True)
+    before = _scrape_or_none(metrics_url)
     ran = run_bounded(cmd, timeout_s, out / f"{name}.log", cwd=out)
+    after = _scrape_or_none(metrics_url)
+    server = server_view(before, after) if before is not None and after is not None else None
     problem = (f"timed out after {timeout_s:.0f} s" if ran.timed_out
                else f"exited with {ran.returncode}" if ran.returncode else "")
     try:
@@ -149,7 +157,16 @@ def run_client(name: str, cmd: list[str], version: str, timeout_s: float, out: P
         problem = problem or f"no figures: {type(exc).__name__}: {exc}"
     print(f"[{name}] {'FAILED: ' + problem if problem else 'done'} in {ran.wall_s:.0f} s "
           f"(log: {out / f'{name}.log'})", flush=True)
-    return Outcome(name, version, cmd, ran, figures, problem)
+    return Outcome(name, version, cmd, ran, figures, problem, server)
+
+
+def _scrape_or_none(url: str) -> str | None:
+    """The gateway's /metrics, or None (the server's view is an extra: a run is not failed for lacking it)."""
+    try:
+        return scrape(url)
+    except OSError as exc:
+        print(f"(no server view: {url}: {exc})", flush=True)
+        return None
 
 
 def run_all(args: argparse.Namespace) -> list[Outcome]:
@@ -162,7 +179,8 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
             report = args.out / "guidellm.json"
             report.unlink(missing_ok=True)  # a run that writes nothing must not be read from an earlier one
             outcomes.append(run_client(name, guidellm_command(exe, args, report), installed_version(venv, "guidellm"),
-                                       timeout_s, args.out, lambda report=report: read_guidellm(report)))
+                                       timeout_s, args.out, lambda report=report: read_guidellm(report),
+                                       f"{args.gateway}/metrics"))
         else:
             venv = args.state_dir / "aiperf-venv"
             exe = venv_tool(venv, AIPERF_SPEC, "aiperf")
@@ -170,7 +188,8 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
             shutil.rmtree(out_dir, ignore_errors=True)
             cmd = aiperf_command(exe, args, out_dir, per_chunk=name == "aiperf-per-chunk")
             outcomes.append(run_client(name, cmd, installed_version(venv, "aiperf"), timeout_s + AIPERF_GRACE_S,
-                                       args.out, lambda out_dir=out_dir: read_aiperf(out_dir)))
+                                       args.out, lambda out_dir=out_dir: read_aiperf(out_dir),
+                                       f"{args.gateway}/metrics"))
     return outcomes
 
 
@@ -181,13 +200,15 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> str:
     rows = []
     for o in outcomes:
         f = o.figures or Figures()
+        v = o.server or ServerView()
+        late = "-" if math.isnan(v.loop_late_share) else f"{100 * v.loop_late_share:.1f}"
         rows.append([f"{o.client} {o.version}", f.completed, f.errored, "-" if f.incomplete is None else f.incomplete,
-                     ms(f.ttft_p50_ms), ms(f.ttft_p90_ms),
+                     ms(f.ttft_p50_ms), ms(f.ttft_p90_ms), ms(v.ttft_p50_ms), ms(v.ttft_p90_ms), late,
                      ms(f.itl_p50_ms), ms(f.output_tokens_per_s), f"{o.ran.wall_s:.0f}", o.problem or "ok"])
     head = (f"{args.model} at {args.gateway}: constant {args.rate} req/s for {args.duration_s} s, streaming, "
             f"{args.prompt_tokens} prompt / {args.output_tokens} output tokens")
-    headers = ["client", "completed", "errored", "incomplete", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms",
-               "output tok/s", "wall s", "status"]
+    headers = ["client", "completed", "errored", "incomplete", "TTFT p50 ms", "TTFT p90 ms", "server TTFT p50 ms",
+               "server TTFT p90 ms", "gateway loop late %", "ITL p50 ms", "output tok/s", "wall s", "status"]
     return head + "\n" + table(headers, rows)
 
 

@@ -12,6 +12,7 @@ from bench.clients import Outcome, read_aiperf, read_guidellm, report, run_clien
 from bench.common import run_bounded
 
 DATA = Path(__file__).parent / "data"
+NO_GATEWAY = "http://127.0.0.1:9/metrics"  # nothing listens: the run goes on without the server's view
 
 
 def test_reads_guidellm_report():
@@ -41,7 +42,8 @@ def test_aiperf_failures_count_as_errored(tmp_path):
 
 def test_a_hung_client_is_killed_at_its_timeout_and_reported(tmp_path):
     start = time.monotonic()
-    outcome = run_client("sleeper", ["sleep", "60"], "0", 1.0, tmp_path, lambda: read_guidellm(tmp_path / "none"))
+    outcome = run_client("sleeper", ["sleep", "60"], "0", 1.0, tmp_path, lambda: read_guidellm(tmp_path / "none"),
+                         NO_GATEWAY)
     assert time.monotonic() - start < 15
     assert outcome.ran.timed_out and outcome.failed and outcome.figures is None
     assert outcome.problem == "timed out after 1 s"
@@ -65,7 +67,8 @@ def test_the_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_a_run_that_exits_non_zero_fails(tmp_path):
-    outcome = run_client("false", ["false"], "0", 10.0, tmp_path, lambda: read_guidellm(DATA / "guidellm.json"))
+    outcome = run_client("false", ["false"], "0", 10.0, tmp_path, lambda: read_guidellm(DATA / "guidellm.json"),
+                         NO_GATEWAY)
     assert isinstance(outcome, Outcome) and outcome.failed and outcome.problem == "exited with 1"
     assert outcome.figures is not None  # what the export says is still read
 
