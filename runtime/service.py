@@ -57,7 +57,10 @@ class Service(ABC):
 
     def health(self) -> HealthReply:
         status = "stopping" if self.is_stopping else "ok"
-        detail = {**self.health_detail(), **({"metrics": self.metrics_url} if self.metrics_url else {})}
+        detail = {**self.health_detail(), **({"metrics": self.metrics_url} if self.metrics_url else {}),
+                  # how late the event loop has run at worst since start, and how often past 1 s (runtime/loop_lag.py)
+                  "loop_max_lag_ms": f"{self.loop_lag.max_lag_s * 1e3:.0f}",
+                  "loop_stalls": str(self.loop_lag.num_stalls)}
         return HealthReply(service=self.name, instance=self.instance, status=status,
                            uptime_s=time.monotonic() - self.started_monotonic, detail=detail)
 

@@ -30,3 +30,27 @@ async def test_a_blocked_loop_is_measured_and_reported(caplog):
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_services_health_reply_says_how_late_its_loop_ran():
+    from runtime.service import Service
+    from runtime.settings import ClusterConfig, JanusSettings
+
+    class Idle(Service):
+        name = "idle"
+
+        async def start(self, bus) -> None:
+            pass
+
+    service = Idle(JanusSettings(instance="idle-0"), ClusterConfig())
+    service.loop_lag = LoopLagMonitor("idle", interval_s=0.02, warn_after_s=0.2)
+    task = asyncio.create_task(service.loop_lag.run())
+    try:
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    detail = service.health().detail
+    assert int(detail["loop_max_lag_ms"]) >= 250 and int(detail["loop_stalls"]) >= 1
