@@ -63,12 +63,16 @@ class LoadBook:
         self.stale_after_windows = stale_after_windows
         self._latest: dict[str, dict[str, ModelLoadWindow]] = {}
 
-    def observe(self, window: ModelLoadWindow) -> ModelLoadWindow:
-        """Record a window; returns the model's merged load as of this window."""
+    def record(self, window: ModelLoadWindow) -> None:
+        """Keep the window as its dispatcher's latest (an older one arriving late is dropped)."""
         per_dispatcher = self._latest.setdefault(window.model, {})
         prev = per_dispatcher.get(window.dispatcher_id)
         if prev is None or window.end_unix_ms >= prev.end_unix_ms:
             per_dispatcher[window.dispatcher_id] = window
+
+    def observe(self, window: ModelLoadWindow) -> ModelLoadWindow:
+        """Record a window; returns the model's merged load as of this window."""
+        self.record(window)
         return self.merged(window.model, window.end_unix_ms)  # type: ignore[return-value]
 
     def fresh(self, model: str, now_ms: float | None = None) -> list[ModelLoadWindow]:

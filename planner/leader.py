@@ -102,7 +102,6 @@ class Leadership:
             log.debug("%s: lease %s got no answer: %r", self.role, step, exc)
             self.lease.on_unreachable(time.monotonic())
 
-
     async def _reclaim_own(self, value: bytes) -> None:
         """The key exists: if it is ours (a write of ours that landed after we stopped waiting for its answer, as
         when this process stalled past WRITE_TIMEOUT_S), take it back at once with an update conditional on its

@@ -44,7 +44,7 @@ class WindowIntake:
     def take(self, window: ModelLoadWindow, predictor: ElasticityOracle, learner: Learner, now_s: float) -> Intake:
         """Merge `window` with the model's other dispatchers' latest; when they cover the same stretch, score the
         merged window with `predictor` (before it is learnt) and hand it to `learner` against the replicas serving."""
-        self.loads.observe(window)
+        self.loads.record(window)
         windows = self.loads.fresh(window.model, window.end_unix_ms)
         newest_ms = max(w.end_unix_ms for w in windows)
         slack_ms = ALIGNED_WITHIN_WINDOWS * window.window_s * 1e3

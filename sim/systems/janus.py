@@ -162,9 +162,10 @@ class JanusControl(ControlPlane):
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
 
     def _learn(self, now_s: float, window: ModelLoadWindow) -> None:
-        """What the oracle service does with a window (oracle/service.py): scored against the prediction made
-        without it, learnt, and the refits now due run (live in a background thread, seconds of wall time; here at
-        once, in no simulated time). The replicas are the serving instances the heartbeats report, as live."""
+        """What the oracle service does with a window (oracle/service.py, through oracle/core/intake.py): merged
+        with the other dispatchers' (one here), scored against the prediction made without it, learnt, and the
+        refits now due run (live in a background thread, seconds of wall time; here at once, in no simulated time).
+        The replicas are the serving instances the heartbeats report, as live."""
         learner = self.learner
         self.intake.replica_counts.update(window.model, sum(
             1 for _, status in self.fleet.instances()
