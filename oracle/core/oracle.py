@@ -442,17 +442,24 @@ class Oracle:
     def fit(self, model: str, kind: Kind, samples: Sequence) -> str:
         """A refit's second step: train on `samples` (seconds; reads no sample list) and swap the predictor in with
         one assignment, so predictions never wait for it. Returns the new version."""
+        return self.install_fit(model, kind, self.train(model, kind, samples))
+
+    def train(self, model: str, kind: Kind, samples: Sequence):
+        """The training of `fit` alone: a new predictor of `kind` on `samples`, not installed (the simulator installs
+        it once the fit's measured wall time has passed on its clock, as the live refit thread would)."""
         if len(samples) < 3:
             raise ValueError(f"{model}: {len(samples)} {kind} samples, a GP needs at least 3")
         if kind == "capacity":
-            trainer = self._require(self._capacity_trainer, "capacity")
-            predictor = trainer(samples, self.policy)
-            for member in self._members(model):
+            return self._require(self._capacity_trainer, "capacity")(samples, self.policy)
+        return self._require(self._elasticity_trainer, "elasticity")(samples, self.policy)
+
+    def install_fit(self, model: str, kind: Kind, predictor) -> str:
+        """The swap of `fit`: `predictor` (from `train`) serves the model and the members of its pool. Returns its
+        version."""
+        for member in self._members(model):
+            if kind == "capacity":
                 self.install(member, capacity=predictor)
-        else:
-            trainer = self._require(self._elasticity_trainer, "elasticity")
-            predictor = trainer(samples, self.policy)
-            for member in self._members(model):
+            else:
                 self.install(member, elasticity=predictor)
         return predictor.version
 

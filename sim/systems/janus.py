@@ -17,6 +17,7 @@ from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolic
 
 from ..costmodel import fast_roofline
 from ..oracle_cache import CachedOracle
+from ..refitter import SimulatedRefitter
 from .base import ControlPlane, SystemRun, initial_features
 from .fleet import SimFleet
 
@@ -93,7 +94,7 @@ class JanusControl(ControlPlane):
         self.plans: list = []  # every plan, for the audit trail
         self.learner: Oracle | None = None  # the learned oracle, learning online (`_learn`)
         self.intake: WindowIntake | None = None
-        self.num_refits = 0
+        self.refitter: SimulatedRefitter | None = None
 
     def dispatch_policy(self) -> DispatchPolicy:
         return self._dispatch
@@ -157,28 +158,34 @@ class JanusControl(ControlPlane):
             self.learner = oracle
             # the counts the heartbeats would show, and since when; the windows merged as the service merges them
             self.intake = WindowIntake(DriftTracker(), ReplicaCounts())
+            self.refitter = SimulatedRefitter(oracle, run.sim.at, self._refitted)
             run.dispatch.report_outcomes()
             return oracle
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)
 
+    @property
+    def num_refits(self) -> int:
+        return self.refitter.num_refits if self.refitter is not None else 0
+
     def _learn(self, now_s: float, window: ModelLoadWindow) -> None:
         """What the oracle service does with a window (oracle/service.py, through oracle/core/intake.py): merged
         with the other dispatchers' (one here), scored against the prediction made without it, learnt, and the
-        refits now due run (live in a background thread, seconds of wall time; here at once, in no simulated time).
-        The replicas are the serving instances the heartbeats report, as live."""
+        refits now due started one at a time, each new GP serving once its training's wall time has passed
+        (sim/refitter.py, as the live refit thread). The replicas are the serving instances the heartbeats report,
+        as live."""
         learner = self.learner
         self.intake.replica_counts.update(window.model, sum(
             1 for _, status in self.fleet.instances()
             if status.model == window.model and status.state == ModelState.ACTIVE), now_s * 1e3)
-        if not self.intake.take(window, learner, learner, now_s).is_learnt:
-            return
-        due = learner.due_for_refit(now_s)
-        for pool, kind in due:
-            learner.refit(pool, kind, now_s)
-            self.num_refits += 1
-            self.run.counters["oracle_refits"] = self.num_refits
-        if due:
-            self.oracle.clear()  # the memo's answers were the old GPs'
+        if self.intake.take(window, learner, learner, now_s).is_learnt:
+            self.refitter.poke(now_s)
+
+    def _refitted(self, now_s: float) -> None:
+        refitter = self.refitter
+        self.run.counters["oracle_refits"] = refitter.num_refits
+        self.run.counters["oracle_refit_wall_s"] = round(refitter.fit_wall_s, 1)
+        self.run.counters["oracle_refit_max_wall_s"] = round(refitter.max_fit_wall_s, 2)
+        self.oracle.clear()  # the memo's answers were the old GPs'
 
     def on_load(self, now_s: float, window: ModelLoadWindow) -> None:
         if self.learner is not None and now_s > 0:

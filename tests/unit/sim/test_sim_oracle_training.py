@@ -144,6 +144,8 @@ def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, mo
     busiest = max(w.num_requests for w in windows if w.model == busy.apps[3].name)
     assert busy.apps[3].shape_name == "qwen2-7b" and busiest < control.learner.policy.min_telemetry_requests
     assert control.num_refits >= 1 and result.counters["oracle_refits"] == control.num_refits
+    # each new GP served only after its training's wall time on the simulated clock (sim/refitter.py)
+    assert result.counters["oracle_refit_wall_s"] > 0 and control.refitter.in_flight is None
     group = next(g for g in groups_of(busy) if g.name == "qwen2.5-32b-tp2")
     version = control.learner.versions(group.name)["elasticity"]
     assert all(control.learner.versions(busy.apps[a].name)["elasticity"] == version for a in group.apps)
