@@ -34,6 +34,8 @@ class RequestDone(Message):
     first_token_unix_ms: float | None = None
     worker_id: str = ""
     instance_id: str = ""
+    num_cached_tokens: int = Field(default=0, ge=0, description="prompt tokens found in the engine's prefix cache, "
+                                   "not computed (the usage's prompt_tokens_details.cached_tokens)")
 
 
 class RequestFailed(Message):

@@ -161,7 +161,7 @@ async def _collect(events: AsyncIterator[Indexed], completion: Completion, n: in
             if isinstance(ev, TokenChunk):
                 apply_chunk(completion, p * n, n, ev)
             elif isinstance(ev, RequestDone):
-                apply_done(completion, p * n, n, ev.finish_reason)
+                apply_done(completion, p * n, n, ev.finish_reason, ev.num_cached_tokens)
                 if completion.is_done:
                     return
             else:
@@ -236,7 +236,7 @@ async def _stream(first: Indexed, events: AsyncIterator[Indexed], completion: Co
                     choice.has_started = True
                     yield chunk(choice, text, ev.finish_reason, is_first)
             elif isinstance(ev, RequestDone):
-                for choice in apply_done(completion, p * n, n, ev.finish_reason):
+                for choice in apply_done(completion, p * n, n, ev.finish_reason, ev.num_cached_tokens):
                     if shape.parses_calls:
                         for data in tool_chunks(choice, ev.finish_reason, not choice.has_started):
                             yield data

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from contracts import ErrorCode, GenerateRequest, InstanceRecord, InstanceRole, WorkerHeartbeat
+from contracts import ErrorCode, GenerateRequest, InstanceRecord, InstanceRole, ModelState, WorkerHeartbeat
 
 from .decode_routing import DecodeBacklog
 from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
@@ -22,6 +22,7 @@ from .round import plan_round
 from .poison import is_poison, note_instance_failure, poison_message
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
+from .prefix_affinity import PrefixAffinityIndex, prefix_block_keys
 from .registry import InstanceView
 from .requests import DispatchRequest
 from .scheduling import shared_rows
@@ -63,6 +64,7 @@ class DispatcherCore:
         self._waiting_for_instance: dict[str, set[str]] = {}  # model -> ids of jobs queued while it had no instance
         self._now_ms = float("-inf")
         self._next_publish_ms: float | None = None
+        self._prefixes = PrefixAffinityIndex(policy.prefix_block_size, policy.prefix_blocks_per_instance)
 
     # ------------------------------------------------------------------ events
 
@@ -84,7 +86,11 @@ class DispatcherCore:
             self._window(request.model, now).record_arrival(
                 now, request.num_prompt_tokens, request.expected_output_tokens
             )
-            self._enqueue(Job.from_request(request))
+            job = Job.from_request(request)
+            token_ids = getattr(request.source, "prompt_token_ids", None)  # a GenerateRequest's, live
+            if self.policy.is_prefix_affine and token_ids:
+                job.prefix_keys = prefix_block_keys(token_ids, self.policy.prefix_block_size)
+            self._enqueue(job)
             models[request.model] = None
         effects: list[Effect] = []
         for model in models:
@@ -95,7 +101,10 @@ class DispatcherCore:
         """A registry snapshot (the whole `instances` bucket). Only is_ready ACTIVE instances are routed to."""
         now = self._advance(now_ms)
         effects: list[Effect] = []
-        for instance_id in self._view.update(now, records):
+        records = list(records)
+        lost = self._view.update(now, records)  # checks the records
+        self._prefixes.retain({r.instance_id for r in records if r.is_ready and r.state == ModelState.ACTIVE})
+        for instance_id in lost:
             # FAILED: its engine broke (poison.py counts it); gone from the registry: a loss, not a failure
             is_failure = self._view.record(instance_id) is not None
             effects += self._lose_instance(now, instance_id, is_ban=False, is_failure=is_failure)
@@ -299,6 +308,7 @@ class DispatcherCore:
     def _lose_instance(self, now: float, instance_id: str, is_ban: bool, is_failure: bool) -> list[Effect]:
         effects: list[Effect] = []
         self._decode.forget_instance(instance_id)
+        self._prefixes.forget(instance_id)  # slept, reloaded or gone: its prefix cache went with it
         for request_id in self._view.mark_lost(now, instance_id, is_ban):
             inflight = self._inflight.pop(request_id, None)
             if inflight is not None:
@@ -334,6 +344,7 @@ class DispatcherCore:
     def _assign(self, now: float, job: Job, record: InstanceRecord, predicted_ms: float) -> Assign:
         request = job.request
         done_ms = self._view.ledger(record.instance_id).assign(now, request.request_id, predicted_ms)
+        self._prefixes.record(record.instance_id, job.prefix_keys)
         self._inflight[request.request_id] = _InFlight(job, record.instance_id, record.worker_id, now)
         decode = None
         if record.role == InstanceRole.COLOCATED:
@@ -416,7 +427,16 @@ class DispatcherCore:
             return []
         jobs = list(queue.values())
         num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
-        decision = plan_round(now, jobs, available_ms, self._proc_rows(instances, num_prompt_tokens), self.policy)
+        cached = [self._cached_tokens(job) for job in jobs]  # per job: instance -> tokens it holds
+        rows = self._proc_rows(instances, num_prompt_tokens)
+        holders = None
+        if any(cached):
+            rows = self._uncached_rows(instances, num_prompt_tokens, rows, cached)
+            position = {record.instance_id: i for i, record in enumerate(instances)}
+            holders = {k: [position[h] for h in (sorted(hits, key=hits.__getitem__, reverse=True)
+                                                 if len(hits) > 1 else hits) if h in position]
+                       for k, hits in enumerate(cached) if hits}
+        decision = plan_round(now, jobs, available_ms, rows, self.policy, holders)
         effects: list[Effect] = []
         for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
             job = jobs[k]
@@ -457,6 +477,38 @@ class DispatcherCore:
         predict = self._prefill_time.predict_many_ms
         return shared_rows(np.array([predict(record, num_prompt_tokens) for record in instances],
                                     dtype=np.float64).reshape(len(instances), len(num_prompt_tokens)))
+
+    def _cached_tokens(self, job: Job) -> dict[str, int]:
+        """The prompt tokens each instance holds of the job's prompt, looked up again only when what those
+        instances hold changed (every round asks for every queued job)."""
+        if not job.prefix_keys:
+            return {}
+        stamp = self._prefixes.stamp(job.prefix_keys)
+        if not stamp:
+            return {}
+        if job.cached[0] != stamp:
+            job.cached = (stamp, self._prefixes.cached_tokens(job.prefix_keys))
+        return job.cached[1]
+
+    def _uncached_rows(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray,
+                       rows: list[list[float]], cached: list[dict[str, int]]) -> list[list[float]]:
+        """The rows of instances holding some queued prompt's prefix, those entries predicted on the tokens the
+        instance would compute (a request has one or two holders: entries, not whole rows, are predicted again)."""
+        position = {record.instance_id: i for i, record in enumerate(instances)}
+        rows = list(rows)
+        copied: set[int] = set()
+        predict = self._prefill_time.predict_ms
+        for k, hits in enumerate(cached):
+            for instance_id, num_cached in hits.items():
+                i = position.get(instance_id)
+                if i is None:
+                    continue
+                if i not in copied:
+                    rows[i] = list(rows[i])  # alike instances share one row: this one now differs
+                    copied.add(i)
+                # the keys cover all but the last token: at least one is computed
+                rows[i][k] = float(predict(instances[i], int(num_prompt_tokens[k]) - num_cached))
+        return rows
 
     def _can_defer_round(self, now: float, queue: dict[str, Job], available_ms: list[float]) -> bool:
         """Nothing to commit yet: every instance is busy beyond the lookahead, and no late request has turned
@@ -500,3 +552,4 @@ class DispatcherCore:
             self._dequeue(queue, job)
             effects.append(self._assign(now, job, record, predicted_ms))
         return effects
+

@@ -16,6 +16,8 @@ class Job:
     failed_on: tuple[str, ...] = ()  # instances that failed while holding it (poison.py)
     # Late job: from this time on even a free instance misses its (relaxed) deadline.
     hopeless_at_ms: float = float("inf")
+    prefix_keys: tuple[int, ...] = ()  # its prompt's block keys, when routed by prefix (prefix_affinity.py)
+    cached: tuple[frozenset, dict] = (frozenset(), {})  # (the index's stamp, instance -> tokens held), last looked up
 
     @classmethod
     def from_request(cls, request: DispatchRequest) -> "Job":

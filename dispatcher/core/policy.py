@@ -94,6 +94,22 @@ class DispatchPolicy(BaseModel):
         "the gateway's request timeout. Longer than a queued request's usual wait at its instance (LST-IMH sends "
         "work to instances about to be free), so a healthy cluster is rarely asked",
     )
+    is_prefix_affine: bool = Field(
+        default=True,
+        description="LST-IMH predicts a request's prefill on an instance from the prompt tokens that instance would "
+        "not find in its prefix cache, as far as the dispatcher knows from what it routed there, and among equally "
+        "free instances prefers the ones holding the queue's prefixes (dispatcher/core/prefix_affinity.py); deadlines "
+        "decide first. Requests without token ids (the simulator's) are routed as without it",
+    )
+    prefix_block_size: int = Field(
+        default=16, ge=1, description="tokens per KV block of the engines' prefix cache (EngineConfig.block_size)"
+    )
+    prefix_blocks_per_instance: int = Field(
+        default=8192,
+        ge=1,
+        description="blocks remembered per instance, least recently routed dropped first: about the KV an instance "
+        "keeps (8192 x 16 = 131k tokens); more promises hits its engine has evicted",
+    )
     window_s: float = Field(default=5.0, gt=0, description="length of the sliding load window the planners read: "
                             "2 s of a bursty model is mostly noise (docs/sim.md)")
     publish_period_ms: float = Field(default=500.0, gt=0, description="how often a load window is published")

@@ -45,9 +45,11 @@ def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchP
     return deadline_ms + step_ms, num_relaxations + 1
 
 
-def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int], due: list[float]) -> list[int]:
-    """Jobs planned on not-yet-free instances, most urgent first."""
-    jobs = [index[p] for i in far for p in plan[i]]
+def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int], due: list[float],
+                holders: dict[int, list[int]] | None = None) -> list[int]:
+    """Jobs planned on not-yet-free instances, most urgent first; not those planned on an instance holding their
+    prompt's prefix (it meets their deadline with less work than an idle one computing the whole prompt)."""
+    jobs = [index[p] for i in far for p in plan[i] if not (holders and i in holders.get(index[p], ()))]
     return sorted(jobs, key=lambda k: (due[k], k))  # (due, index): deterministic among equal deadlines
 
 
@@ -77,20 +79,67 @@ def plan_round(
     available_ms: list[float],
     proc_ms: np.ndarray | Sequence[list[float]],
     policy: DispatchPolicy,
+    holders: dict[int, list[int]] | None = None,
 ) -> RoundDecision:
     """available_ms[i]: T_i of routable instance i (>= now_ms). proc_ms[i, k]: predicted prefill of jobs[k] on i, as
-    a matrix or as one list per instance (alike instances may share one list: the core's usual round)."""
+    a matrix or as one list per instance (alike instances may share one list: the core's usual round). holders:
+    job index -> the instances holding its prompt's prefix, most held first (prefix affinity: `_move_to_holders`)."""
     rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
+    decision = None
     if len(jobs) == 1 and not jobs[0].is_late:
-        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, rows, policy)
-        if decision is not None:
-            return decision
-    return plan_round_general(now_ms, jobs, available_ms, rows, policy)
+        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, rows, policy, holders)
+    if decision is None:
+        decision = plan_round_general(now_ms, jobs, available_ms, rows, policy, holders)
+    if holders:
+        _move_to_holders(now_ms, decision, jobs, available_ms, rows, policy, holders)
+    return decision
+
+
+def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], available_ms: list[float],
+                     rows: Sequence[list[float]], policy: DispatchPolicy, holders: dict[int, list[int]]) -> None:
+    """Prefix affinity, after the plan: an on-time job committed to one instance moves to a near-free instance
+    holding its prompt's prefix (`holders[k]`, most held first) when there every on-time job committed still meets
+    its planned deadline, in deadline order. The instance it leaves only gets earlier. Deadlines decide first: a job
+    whose holder is busy stays where the plan put it."""
+    margin = policy.deadline_margin_frac
+    due = {k: jobs[k].deadline_ms - margin * jobs[k].request.ttft_slo_ms for k in range(len(jobs))}
+    by_instance: dict[int, list[int]] = {}
+    for i, k, _ in decision.commits:
+        by_instance.setdefault(i, []).append(k)
+    horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
+    near = {i for i, available in enumerate(available_ms) if available <= horizon_ms}
+    moved = False
+    for i, k, _ in list(decision.commits):
+        if jobs[k].is_late or k not in holders or i in holders[k][:1]:
+            continue
+        for h in holders[k]:
+            if h == i or h not in near:
+                continue
+            planned = by_instance.get(h, [])
+            if any(jobs[j].is_late for j in planned):
+                continue
+            order = sorted(planned + [k], key=lambda j: (due[j], j))
+            t = available_ms[h]
+            feasible = True
+            for j in order:
+                t += rows[h][j]
+                if t > due[j] + FEASIBILITY_EPS_MS:
+                    feasible = False
+                    break
+            if feasible:
+                by_instance[i].remove(k)
+                by_instance[h] = order
+                moved = True
+                break
+    if moved:
+        decision.commits = [(i, k, rows[i][k]) for i in sorted(by_instance, key=lambda i: (available_ms[i], i))
+                            for k in by_instance[i]]
 
 
 def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float],
-                       proc_ms: np.ndarray | Sequence[list[float]], policy: DispatchPolicy) -> RoundDecision:
-    """`plan_round` for any queue (the lone-job shortcut's reference)."""
+                       proc_ms: np.ndarray | Sequence[list[float]], policy: DispatchPolicy,
+                       holders: dict[int, list[int]] | None = None) -> RoundDecision:
+    """`plan_round` for any queue (the lone-job shortcut's reference), before the moves to prefix holders."""
     rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
     decision = RoundDecision()
     num_instances = len(available_ms)
@@ -160,13 +209,13 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
         k = None
         if policy.is_work_conserving:
             if on_time_donors is None:
-                on_time_donors = _edf_donors(plan_on_time.assigned, on_time, far, due)
+                on_time_donors = _edf_donors(plan_on_time.assigned, on_time, far, due, holders)
             k = _take_feasible(on_time_donors, available_ms[i], row, due)
         if k is None and plan_late.assigned[i]:
             k = late[plan_late.assigned[i][0]]
         if k is None and policy.is_work_conserving:
             if late_donors is None:
-                late_donors = _edf_donors(plan_late.assigned, late, far, due)
+                late_donors = _edf_donors(plan_late.assigned, late, far, due, holders)
             k = _take_feasible(late_donors, available_ms[i], row, due)
         if k is not None:
             decision.commits.append((i, k, row[k]))
@@ -174,7 +223,7 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
 
 
 def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], rows: Sequence[list[float]],
-                           policy: DispatchPolicy) -> RoundDecision | None:
+                           policy: DispatchPolicy, holders: dict[int, list[int]] | None = None) -> RoundDecision | None:
     """The usual round of a lightly loaded model: one queued request, still on time. The same decision as the
     general path (LST-IMH over one job: the latest-free instance that makes the deadline takes it; then late
     binding and work conservation), without building its arrays. None when no instance makes the deadline: the
@@ -194,7 +243,7 @@ def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], r
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
     if chosen_ms <= horizon_ms:
         decision.commits.append((chosen, 0, float(column[chosen])))  # near free: it takes the job now
-    elif policy.is_work_conserving:
+    elif policy.is_work_conserving and not (holders and chosen in holders.get(0, ())):
         # A near-free instance would plan nothing this round: the earliest-free one (ties: the lowest index) that
         # makes the deadline takes the job from the far one.
         taker = None

@@ -40,11 +40,13 @@ class Completion:
     kind: str  # "completion" | "chat"
     num_prompt_tokens: int
     choices: list[Choice] = field(default_factory=lambda: [Choice(0)])
+    num_cached_tokens: int = 0  # prompt tokens the engines found in their prefix caches (RequestDone)
 
     def usage(self) -> dict:
         n = sum(len(c.token_ids) for c in self.choices)
         return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": n,
-                "total_tokens": self.num_prompt_tokens + n}
+                "total_tokens": self.num_prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
 
     @property
     def object_id(self) -> str:
@@ -130,8 +132,11 @@ def apply_chunk(c: Completion, first_index: int, num_choices: int, ev) -> Choice
     return choice
 
 
-def apply_done(c: Completion, first_index: int, num_choices: int, finish_reason: str) -> list[Choice]:
-    """The request ended: its choices still open end with its finish reason. Returns them."""
+def apply_done(c: Completion, first_index: int, num_choices: int, finish_reason: str,
+               num_cached_tokens: int = 0) -> list[Choice]:
+    """The request ended: its choices still open end with its finish reason, its prompt tokens found cached count
+    in the usage. Returns the choices it ended."""
+    c.num_cached_tokens += num_cached_tokens
     ended = [ch for ch in c.choices[first_index:first_index + num_choices] if ch.finish_reason is None]
     for ch in ended:
         ch.finish_reason = finish_reason

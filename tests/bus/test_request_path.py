@@ -39,7 +39,8 @@ async def test_non_streamed_completion_returns_text_and_usage(echo_cluster):
     assert body["object"] == "text_completion" and body["model"] == "demo-tiny"
     assert body["choices"][0]["text"] == "<11><12><13><11><12>"  # the echo engine cycles the prompt
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # the echo engine caches nothing
 
 
 async def test_streamed_chat_arrives_as_sse_chunks_then_done(echo_cluster):

@@ -20,6 +20,7 @@ class EngineOutputLike(Protocol):
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int  # of the prompt, found in the prefix cache
 
 
 @dataclass
@@ -109,7 +110,7 @@ def emissions_for(track: RequestTrack, out: EngineOutputLike, *, worker_id: str,
                                       finish_reason=out.finish_reason, num_prompt_tokens=track.num_prompt_tokens,
                                       num_output_tokens=track.num_output_tokens,
                                       first_token_unix_ms=track.first_token_unix_ms, worker_id=worker_id,
-                                      instance_id=track.instance_id))
+                                      instance_id=track.instance_id, num_cached_tokens=out.num_cached_tokens))
             if track.ttft_deadline_unix_ms is not None:
                 outcome = RequestOutcome(request_id=track.request_id, model=track.model, worker_id=worker_id,
                                          instance_id=track.instance_id, num_output_tokens=track.num_output_tokens,

@@ -46,7 +46,8 @@ class ChoicesMixin:
                 sampling = sampling.model_copy(update={"seed": (sampling.seed + index) % SEED_LIMIT})
             child = Sequence(request_id=f"{parent.request_id}#{index}", token_ids=list(parent.token_ids[:n_prompt]),
                              num_prompt_tokens=n_prompt, sampling=sampling, arrival_s=parent.arrival_s,
-                             group_id=parent.request_id, index=index)
+                             group_id=parent.request_id, index=index,
+                             num_cached_prompt_tokens=parent.num_cached_prompt_tokens)  # one prompt: its usage
             self._register(child)
             self._groups[parent.request_id].append(child)
             if not bm.fork(parent, child, n_prompt, self.kv_cache.copy_block):

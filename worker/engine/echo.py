@@ -22,6 +22,7 @@ class EchoOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int = 0  # the echo engine caches nothing
 
 
 @dataclass

@@ -385,7 +385,8 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
         return EngineOutput(
             request_id=seq.client_id, token_ids=tuple(token_ids), text=text, logprobs=logprobs,
             is_finished=finish_reason is not None, finish_reason=finish_reason, index=seq.index,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, **extra,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_prompt_tokens, **extra,
         )
 
     def _is_stop_token(self, token: int, sampling: SamplingParams) -> bool:

@@ -30,6 +30,7 @@ class EngineOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache when the request was first admitted
     is_prefill_done: bool = False
     kv_block_ids: tuple[int, ...] | None = None
     error: str | None = None  # finish_reason "error": what failed while serving this request (it alone ended)

@@ -87,6 +87,8 @@ class Scheduler:
                 break
             if is_lookup:
                 self.block_manager.record_prefix_query(seq.num_tokens, num_cached_tokens)
+                if seq.first_token_s is None:  # the first admission, not a recompute after preemption
+                    seq.num_cached_prompt_tokens = num_cached_tokens
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -47,6 +47,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     is_prefix_cacheable: bool = True
+    num_cached_prompt_tokens: int = 0  # found cached at its first admission (reported in the usage)
 
     @property
     def client_id(self) -> str:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.jobs import Job
-from dispatcher.core.round import plan_round, plan_round_general
+from dispatcher.core.round import _move_to_holders, plan_round, plan_round_general
 from dispatcher.core.policy import DispatchPolicy, OverloadPolicy
 
 from .helpers import request
@@ -26,16 +26,20 @@ times_ms = st.integers(0, 40).map(float)
     is_late_binding=st.booleans(),
     is_work_conserving=st.booleans(),
     overload=st.sampled_from(list(OverloadPolicy)),
+    held_by=st.lists(st.integers(0, 5), max_size=3, unique=True),
 )
 def test_the_lone_job_shortcut_decides_as_the_general_round(now_ms, offsets_ms, proc, slo_ms, margin, lookahead_ms,
-                                                           is_late_binding, is_work_conserving, overload):
+                                                           is_late_binding, is_work_conserving, overload, held_by):
     policy = DispatchPolicy(deadline_margin_frac=margin, lookahead_ms=lookahead_ms, is_late_binding=is_late_binding,
                             is_work_conserving=is_work_conserving, overload=overload)
     available_ms = [now_ms + o for o in offsets_ms]
     proc_ms = np.array(proc[: len(available_ms)]).reshape(len(available_ms), 1)
     job = Job.from_request(request("r", now_ms, slo_ms=slo_ms))
-    shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy)
-    general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy)
+    holders = {0: [i for i in held_by if i < len(available_ms)]} if held_by else None  # prefix affinity
+    shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy, holders)
+    general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy, holders)
+    if holders:
+        _move_to_holders(now_ms, general, [job], available_ms, [row.tolist() for row in proc_ms], policy, holders)
     assert shortcut == general
 
 

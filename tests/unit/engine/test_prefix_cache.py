@@ -277,3 +277,23 @@ def test_p_d_the_prefill_side_reuses_its_cache_and_the_decode_side_registers_not
         assert list(done.token_ids) + [t for out in outs for t in out.token_ids] == expected
     assert prefill.stats().prefix_cache_hits == 20, "the second prefill found its 5 full blocks but the last token's"
     assert decode.stats().num_kv_blocks_cached == 0 and decode.stats().prefix_cache_queries == 0
+
+
+def test_each_request_reports_the_prompt_tokens_it_found_cached(tiny_model_dir):
+    """The usage's prompt_tokens_details.cached_tokens comes from here (RequestDone.num_cached_tokens)."""
+    engine = LLMEngine(tiny_model_dir, config=EngineConfig(block_size=8))
+    prompt = engine.tokenizer.encode("A system prompt that every turn of this chat repeats, word for word, again.")
+
+    def run(request_id: str, tokens: list[int], n: int = 1) -> list[int]:
+        hits_before = engine.stats().prefix_cache_hits
+        engine.add_request(request_id, tokens, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, n=n))
+        finals = []
+        while engine.has_unfinished():
+            finals += [out.num_cached_tokens for out in engine.step() if out.is_finished]
+        assert finals == [engine.stats().prefix_cache_hits - hits_before]  # one final output, the engine's count
+        return finals
+
+    assert len(prompt) > 16 and run("first", prompt) == [0]
+    (cached,) = run("second", prompt + engine.tokenizer.encode(" And a new question?"))
+    assert cached >= 8 * (len(prompt) // 8) - 8 and cached % 8 == 0
+    assert run("forked", prompt + [1, 2, 3], n=3)[0] == cached  # n > 1: the choices share the one prompt

@@ -27,6 +27,7 @@ class Out:
     logprobs: tuple[float, ...] | None = None
     num_prompt_tokens: int = 3
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0
 
 
 def _track(deadline_ms: float | None = DEADLINE_MS, **kw) -> RequestTrack:
