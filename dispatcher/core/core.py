@@ -18,7 +18,7 @@ from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .jobs import Job
 from .least_load import LeastLoadIndex
 from .load_window import LoadWindow
-from .round import plan_round
+from .round import Affinity, plan_round
 from .poison import is_poison, note_instance_failure, poison_message
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
 from .prefill_time import PrefillTimeModel
@@ -429,14 +429,16 @@ class DispatcherCore:
         num_prompt_tokens = np.fromiter((j.request.num_prompt_tokens for j in jobs), np.float64, len(jobs))
         cached = [self._cached_tokens(job) for job in jobs]  # per job: instance -> tokens it holds
         rows = self._proc_rows(instances, num_prompt_tokens)
-        holders = None
+        affinity = None
         if any(cached):
             rows = self._uncached_rows(instances, num_prompt_tokens, rows, cached)
             position = {record.instance_id: i for i, record in enumerate(instances)}
-            holders = {k: [position[h] for h in (sorted(hits, key=hits.__getitem__, reverse=True)
-                                                 if len(hits) > 1 else hits) if h in position]
-                       for k, hits in enumerate(cached) if hits}
-        decision = plan_round(now, jobs, available_ms, rows, self.policy, holders)
+            held = {k: {position[h]: n for h, n in hits.items() if h in position} for k, hits in enumerate(cached)
+                    if hits}
+            backlog = ([self._decode.backlog(r.instance_id) for r in instances]
+                       if self._view.has_colocated(model) else None)
+            affinity = Affinity(held, backlog, self.policy.prefix_max_decode_gap)
+        decision = plan_round(now, jobs, available_ms, rows, self.policy, affinity)
         effects: list[Effect] = []
         for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
             job = jobs[k]

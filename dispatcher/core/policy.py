@@ -101,6 +101,13 @@ class DispatchPolicy(BaseModel):
         "free instances prefers the ones holding the queue's prefixes (dispatcher/core/prefix_affinity.py); deadlines "
         "decide first. Requests without token ids (the simulator's) are routed as without it",
     )
+    prefix_max_decode_gap: int = Field(
+        default=4,
+        ge=0,
+        description="a request moves to a co-located instance holding its prefix only while that instance decodes "
+        "at most this many more sequences than the one LST-IMH chose: a prefix every request shares (a system "
+        "prompt) would otherwise pile the model's decoding on its first holder",
+    )
     prefix_block_size: int = Field(
         default=16, ge=1, description="tokens per KV block of the engines' prefix cache (EngineConfig.block_size)"
     )

@@ -38,6 +38,28 @@ class RoundDecision:
     hopeless_at_ms: dict[int, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Affinity:
+    """Prefix affinity's inputs to a round (dispatcher/core/prefix_affinity.py): per job index, the instance
+    indices holding its prompt's prefix and how many of its tokens each holds; per instance index, the decode
+    backlog breaking ties among co-located instances (None when the model has none)."""
+
+    held: dict[int, dict[int, int]]
+    decode_backlog: Sequence[float] | None = None
+    max_backlog_gap: float = 0.0  # DispatchPolicy.prefix_max_decode_gap
+
+    def holds_more(self, k: int, holder: int, other: int) -> bool:
+        hits = self.held.get(k)
+        return bool(hits) and hits.get(holder, 0) > hits.get(other, 0)
+
+    def waits_for_holder(self, k: int, holder: int, taker: int, available_ms: Sequence[float],
+                         rows: Sequence[list[float]]) -> bool:
+        """Job k, planned on a busy `holder` of its prefix, stays there rather than go to the idle `taker` when the
+        holder gives it the earlier first token (its cached tokens are not computed again)."""
+        return (self.holds_more(k, holder, taker)
+                and available_ms[holder] + rows[holder][k] < available_ms[taker] + rows[taker][k])
+
+
 def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchPolicy) -> tuple[float, int] | None:
     step_ms = policy.relaxation_factor * job.request.ttft_slo_ms
     if policy.overload != OverloadPolicy.REQUEUE or step_ms <= 0 or num_relaxations >= policy.max_num_relaxations:
@@ -45,17 +67,19 @@ def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchP
     return deadline_ms + step_ms, num_relaxations + 1
 
 
-def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int], due: list[float],
-                holders: dict[int, list[int]] | None = None) -> list[int]:
-    """Jobs planned on not-yet-free instances, most urgent first; not those planned on an instance holding their
-    prompt's prefix (it meets their deadline with less work than an idle one computing the whole prompt)."""
-    jobs = [index[p] for i in far for p in plan[i] if not (holders and i in holders.get(index[p], ()))]
-    return sorted(jobs, key=lambda k: (due[k], k))  # (due, index): deterministic among equal deadlines
+def _edf_donors(plan: tuple[tuple[int, ...], ...], index: list[int], far: list[int],
+                due: list[float]) -> list[tuple[int, int]]:
+    """(job, the instance it is planned on) for jobs planned on not-yet-free instances, most urgent first."""
+    jobs = [(index[p], i) for i in far for p in plan[i]]
+    return sorted(jobs, key=lambda kf: (due[kf[0]], kf[0]))  # (due, index): deterministic among equal deadlines
 
 
-def _take_feasible(donors: list[int], start_ms: float, proc_row: list[float], due: list[float]) -> int | None:
-    for pos, k in enumerate(donors):
-        if start_ms + proc_row[k] <= due[k] + FEASIBILITY_EPS_MS:
+def _take_feasible(donors: list[tuple[int, int]], taker: int, available_ms: list[float],
+                   rows: Sequence[list[float]], due: list[float], affinity: Affinity | None) -> int | None:
+    start_ms, proc_row = available_ms[taker], rows[taker]
+    for pos, (k, planned_on) in enumerate(donors):
+        if start_ms + proc_row[k] <= due[k] + FEASIBILITY_EPS_MS and not (
+                affinity and affinity.waits_for_holder(k, planned_on, taker, available_ms, rows)):
             del donors[pos]
             return k
     return None
@@ -79,28 +103,30 @@ def plan_round(
     available_ms: list[float],
     proc_ms: np.ndarray | Sequence[list[float]],
     policy: DispatchPolicy,
-    holders: dict[int, list[int]] | None = None,
+    affinity: Affinity | None = None,
 ) -> RoundDecision:
     """available_ms[i]: T_i of routable instance i (>= now_ms). proc_ms[i, k]: predicted prefill of jobs[k] on i, as
-    a matrix or as one list per instance (alike instances may share one list: the core's usual round). holders:
-    job index -> the instances holding its prompt's prefix, most held first (prefix affinity: `_move_to_holders`)."""
+    a matrix or as one list per instance (alike instances may share one list: the core's usual round). affinity:
+    which instances hold each job's prompt prefix (`_move_to_holders`, `Affinity.waits_for_holder`)."""
     rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
     decision = None
     if len(jobs) == 1 and not jobs[0].is_late:
-        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, rows, policy, holders)
+        decision = _plan_lone_on_time_job(now_ms, jobs[0], available_ms, rows, policy, affinity)
     if decision is None:
-        decision = plan_round_general(now_ms, jobs, available_ms, rows, policy, holders)
-    if holders:
-        _move_to_holders(now_ms, decision, jobs, available_ms, rows, policy, holders)
+        decision = plan_round_general(now_ms, jobs, available_ms, rows, policy, affinity)
+    if affinity is not None and affinity.held:
+        _move_to_holders(now_ms, decision, jobs, available_ms, rows, policy, affinity)
     return decision
 
 
 def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], available_ms: list[float],
-                     rows: Sequence[list[float]], policy: DispatchPolicy, holders: dict[int, list[int]]) -> None:
+                     rows: Sequence[list[float]], policy: DispatchPolicy, affinity: Affinity) -> None:
     """Prefix affinity, after the plan: an on-time job committed to one instance moves to a near-free instance
-    holding its prompt's prefix (`holders[k]`, most held first) when there every on-time job committed still meets
-    its planned deadline, in deadline order. The instance it leaves only gets earlier. Deadlines decide first: a job
-    whose holder is busy stays where the plan put it."""
+    holding more of its prompt's prefix (the most first) when there every on-time job committed still meets its
+    planned deadline, in deadline order, and, among co-located instances, the holder decodes at most
+    `max_backlog_gap` more sequences than the instance it leaves (else a prefix every request shares, a system
+    prompt, would pile all decoding on its first holder; past the gap another instance takes one and holds it
+    too). The instance it leaves only gets earlier."""
     margin = policy.deadline_margin_frac
     due = {k: jobs[k].deadline_ms - margin * jobs[k].request.ttft_slo_ms for k in range(len(jobs))}
     by_instance: dict[int, list[int]] = {}
@@ -109,11 +135,14 @@ def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], av
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
     near = {i for i, available in enumerate(available_ms) if available <= horizon_ms}
     moved = False
+    backlog = affinity.decode_backlog
     for i, k, _ in list(decision.commits):
-        if jobs[k].is_late or k not in holders or i in holders[k][:1]:
+        hits = affinity.held.get(k)
+        if jobs[k].is_late or not hits:
             continue
-        for h in holders[k]:
-            if h == i or h not in near:
+        for h in sorted(hits, key=lambda h: (-hits[h], h)):
+            if (h not in near or not affinity.holds_more(k, h, i)
+                    or (backlog is not None and backlog[h] > backlog[i] + affinity.max_backlog_gap)):
                 continue
             planned = by_instance.get(h, [])
             if any(jobs[j].is_late for j in planned):
@@ -138,7 +167,7 @@ def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], av
 
 def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float],
                        proc_ms: np.ndarray | Sequence[list[float]], policy: DispatchPolicy,
-                       holders: dict[int, list[int]] | None = None) -> RoundDecision:
+                       affinity: Affinity | None = None) -> RoundDecision:
     """`plan_round` for any queue (the lone-job shortcut's reference), before the moves to prefix holders."""
     rows = shared_rows(proc_ms) if isinstance(proc_ms, np.ndarray) else proc_ms
     decision = RoundDecision()
@@ -199,8 +228,8 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else float("inf")
     near = sorted((i for i in range(num_instances) if available_ms[i] <= horizon_ms), key=lambda i: (available_ms[i], i))
     far = [i for i in range(num_instances) if available_ms[i] > horizon_ms]
-    on_time_donors: list[int] | None = None  # built only when a near-free instance has nothing planned
-    late_donors: list[int] | None = None
+    on_time_donors: list[tuple[int, int]] | None = None  # built only when a near-free instance has nothing planned
+    late_donors: list[tuple[int, int]] | None = None
     for i in near:
         row = rows[i]
         if plan_on_time.assigned[i]:
@@ -209,21 +238,21 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
         k = None
         if policy.is_work_conserving:
             if on_time_donors is None:
-                on_time_donors = _edf_donors(plan_on_time.assigned, on_time, far, due, holders)
-            k = _take_feasible(on_time_donors, available_ms[i], row, due)
+                on_time_donors = _edf_donors(plan_on_time.assigned, on_time, far, due)
+            k = _take_feasible(on_time_donors, i, available_ms, rows, due, affinity)
         if k is None and plan_late.assigned[i]:
             k = late[plan_late.assigned[i][0]]
         if k is None and policy.is_work_conserving:
             if late_donors is None:
-                late_donors = _edf_donors(plan_late.assigned, late, far, due, holders)
-            k = _take_feasible(late_donors, available_ms[i], row, due)
+                late_donors = _edf_donors(plan_late.assigned, late, far, due)
+            k = _take_feasible(late_donors, i, available_ms, rows, due, affinity)
         if k is not None:
             decision.commits.append((i, k, row[k]))
     return decision
 
 
 def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], rows: Sequence[list[float]],
-                           policy: DispatchPolicy, holders: dict[int, list[int]] | None = None) -> RoundDecision | None:
+                           policy: DispatchPolicy, affinity: Affinity | None = None) -> RoundDecision | None:
     """The usual round of a lightly loaded model: one queued request, still on time. The same decision as the
     general path (LST-IMH over one job: the latest-free instance that makes the deadline takes it; then late
     binding and work conservation), without building its arrays. None when no instance makes the deadline: the
@@ -243,7 +272,7 @@ def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], r
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
     if chosen_ms <= horizon_ms:
         decision.commits.append((chosen, 0, float(column[chosen])))  # near free: it takes the job now
-    elif policy.is_work_conserving and not (holders and chosen in holders.get(0, ())):
+    elif policy.is_work_conserving:
         # A near-free instance would plan nothing this round: the earliest-free one (ties: the lowest index) that
         # makes the deadline takes the job from the far one.
         taker = None
@@ -251,6 +280,6 @@ def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], r
             if (available <= horizon_ms and available + column[i] <= due_ms + FEASIBILITY_EPS_MS
                     and (taker is None or available < available_ms[taker])):
                 taker = i
-        if taker is not None:
+        if taker is not None and not (affinity and affinity.waits_for_holder(0, chosen, taker, available_ms, rows)):
             decision.commits.append((taker, 0, float(column[taker])))
     return decision

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.jobs import Job
-from dispatcher.core.round import _move_to_holders, plan_round, plan_round_general
+from dispatcher.core.round import Affinity, _move_to_holders, plan_round, plan_round_general
 from dispatcher.core.policy import DispatchPolicy, OverloadPolicy
 
 from .helpers import request
@@ -35,11 +35,13 @@ def test_the_lone_job_shortcut_decides_as_the_general_round(now_ms, offsets_ms, 
     available_ms = [now_ms + o for o in offsets_ms]
     proc_ms = np.array(proc[: len(available_ms)]).reshape(len(available_ms), 1)
     job = Job.from_request(request("r", now_ms, slo_ms=slo_ms))
-    holders = {0: [i for i in held_by if i < len(available_ms)]} if held_by else None  # prefix affinity
-    shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy, holders)
-    general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy, holders)
-    if holders:
-        _move_to_holders(now_ms, general, [job], available_ms, [row.tolist() for row in proc_ms], policy, holders)
+    # prefix affinity: instances holding 16, 32, ... of the prompt's tokens; decode backlogs by position
+    affinity = Affinity({0: {i: 16 * (n + 1) for n, i in enumerate(held_by) if i < len(available_ms)}},
+                        [float(i % 3) for i in range(len(available_ms))]) if held_by else None
+    shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy, affinity)
+    general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy, affinity)
+    if affinity:
+        _move_to_holders(now_ms, general, [job], available_ms, [row.tolist() for row in proc_ms], policy, affinity)
     assert shortcut == general
 
 

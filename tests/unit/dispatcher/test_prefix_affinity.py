@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import GenerateRequest, SamplingParams
+from contracts import GenerateRequest, InstanceRole, SamplingParams
 from dispatcher.core import DispatchPolicy, DispatcherCore, ThroughputPrefillModel
 from dispatcher.core.prefix_affinity import PrefixAffinityIndex, prefix_block_keys
 
-from .helpers import TOKENS_PER_S, assigns, record
+from .helpers import TOKENS_PER_S, assigns, heartbeat, record
 
 BLOCK = 16
 SYSTEM = tuple(range(1000, 1000 + 64 * BLOCK))  # a 1,024-token system prompt the chats share
@@ -63,6 +63,8 @@ def first_turn_on_b(core: DispatcherCore):
     assert first.predicted_prefill_ms == pytest.approx(len(SYSTEM + (1, 2, 3)) / TOKENS_PER_S * 1e3)
     core.on_prefill_done(150.0, "a", "x")
     core.on_prefill_done(200.0, "b", "t1")
+    # both replies done (a chat sends its next turn after the reply): the heartbeat shows no decode backlog
+    core.on_heartbeat(250.0, heartbeat(250.0, {"a": 0, "b": 0, "c": 0}, role=InstanceRole.COLOCATED))
 
 
 def test_the_next_turn_of_a_chat_goes_to_the_instance_holding_its_prefix_predicted_on_the_new_tokens():
@@ -70,7 +72,7 @@ def test_the_next_turn_of_a_chat_goes_to_the_instance_holding_its_prefix_predict
     first_turn_on_b(core)
     turn = SYSTEM + (1, 2, 3) + tuple(range(9000, 9000 + 60))
     (second,) = assigns(core.on_request(300.0, chat("t2", 300.0, turn)))
-    assert second.instance_id == "b"  # all three free: without the prefix, "c" (the least decode backlog)
+    assert second.instance_id == "b"  # all three free and idle: without the prefix, "a" (by position)
     uncached = len(turn) - len(SYSTEM)  # the system prompt's 64 whole blocks are held
     assert second.predicted_prefill_ms == pytest.approx(uncached / TOKENS_PER_S * 1e3)
 
@@ -80,7 +82,7 @@ def test_without_the_knob_the_next_turn_goes_by_the_instances_order_and_its_full
     first_turn_on_b(core)
     turn = SYSTEM + (1, 2, 3, 4, 5)
     (second,) = assigns(core.on_request(300.0, chat("t2", 300.0, turn)))
-    assert second.instance_id == "c"  # all free: the least decode backlog first (a and b each decode one)
+    assert second.instance_id == "a"  # all free and idle: by position
     assert second.predicted_prefill_ms == pytest.approx(len(turn) / TOKENS_PER_S * 1e3)
 
 
@@ -110,17 +112,36 @@ def test_a_lost_instance_is_forgotten_with_its_cache():
 def test_turns_of_two_chats_queued_together_each_go_to_their_own_holder():
     """LST-IMH gives the first of equally free instances every request it can finish in time; with affinity, each
     queued turn then moves to the near-free instance holding its chat, where everything committed stays on time."""
-    core = make_core(defers_rounds_until_near=True)
     other = tuple(range(5000, 5000 + 64 * BLOCK))  # a second chat's system prompt
-    first_turn_on_b(core)  # chat 1 is held by "b"
-    (t1,) = assigns(core.on_request(210.0, chat("u1", 210.0, other + (9,))))
-    assert t1.instance_id == "c"  # all free: the least decode backlog first ("a" and "b" decode one each)
-    core.on_prefill_done(400.0, "c", "u1")
-    both = core.on_requests(500.0, [chat("t2", 500.0, SYSTEM + (1, 2, 3, 4)), chat("u2", 500.0, other + (9, 8))])
-    assert {a.request_id: a.instance_id for a in assigns(both)} == {"t2": "b", "u2": "c"}
-    without = make_core(is_prefix_affine=False)
-    first_turn_on_b(without)
-    assigns(without.on_request(210.0, chat("u1", 210.0, other + (9,))))
-    without.on_prefill_done(400.0, "c", "u1")
-    both = without.on_requests(500.0, [chat("t2", 500.0, SYSTEM + (1, 2, 3, 4)), chat("u2", 500.0, other + (9, 8))])
-    assert len({a.instance_id for a in assigns(both)}) == 1  # one instance takes both: they fit its deadlines
+
+    def two_chats(core: DispatcherCore) -> dict[str, str]:
+        first_turn_on_b(core)  # chat 1 is held by "b"
+        (u1,) = assigns(core.on_request(300.0, chat("u1", 300.0, other + (9,))))
+        assert u1.instance_id == "a"  # all idle: by position
+        core.on_prefill_done(450.0, "a", "u1")
+        core.on_heartbeat(480.0, heartbeat(480.0, {"a": 0, "b": 0, "c": 0}, role=InstanceRole.COLOCATED))
+        both = core.on_requests(500.0, [chat("t2", 500.0, SYSTEM + (1, 2, 3, 4)), chat("u2", 500.0, other + (9, 8))])
+        return {a.request_id: a.instance_id for a in assigns(both)}
+
+    assert two_chats(make_core()) == {"t2": "b", "u2": "a"}
+    assert two_chats(make_core(is_prefix_affine=False)) == {"t2": "a", "u2": "a"}  # they fit one's deadlines
+
+
+def test_a_prefix_every_request_shares_does_not_pile_decoding_on_its_first_holder():
+    """A system prompt common to all requests: its first holder gets a request another co-located instance would
+    take only while it decodes at most prefix_max_decode_gap more; past that the other takes one and holds the
+    prompt too, and from then on neither is preferred."""
+    core = make_core(prefix_max_decode_gap=2)
+    placed = []
+    for n in range(12):  # one at a time: each prefill done before the next arrives, every reply still decoding
+        (a,) = assigns(core.on_request(100.0 * n, chat(f"s{n}", 100.0 * n, SYSTEM + (n,))))
+        core.on_prefill_done(100.0 * n + 50.0, a.instance_id, f"s{n}")
+        placed.append(a.instance_id)
+    counts = {i: placed.count(i) for i in set(placed)}
+    assert set(counts) == {"a", "b", "c"} and max(counts.values()) - min(counts.values()) <= 3, placed
+    without_gap = make_core(prefix_max_decode_gap=1000)
+    for n in range(12):
+        (a,) = assigns(without_gap.on_request(100.0 * n, chat(f"s{n}", 100.0 * n, SYSTEM + (n,))))
+        without_gap.on_prefill_done(100.0 * n + 50.0, a.instance_id, f"s{n}")
+        placed[n] = a.instance_id
+    assert set(placed) == {placed[0]}  # every request on the prompt's first holder
