@@ -226,7 +226,8 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
             decision.hopeless_at_ms[k] = due[k] - fastest_ms[k]
 
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else float("inf")
-    near = sorted((i for i in range(num_instances) if available_ms[i] <= horizon_ms), key=lambda i: (available_ms[i], i))
+    near = sorted((i for i in range(num_instances) if available_ms[i] <= horizon_ms),
+                  key=lambda i: (available_ms[i], i))
     far = [i for i in range(num_instances) if available_ms[i] > horizon_ms]
     on_time_donors: list[tuple[int, int]] | None = None  # built only when a near-free instance has nothing planned
     late_donors: list[tuple[int, int]] | None = None
