@@ -91,6 +91,8 @@ def write_outputs(results: list[SystemResult], out_dir: Path, meta: dict | None 
     """summary.json and figure.png (plus ablation.png when the ablation systems ran)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = headline_rows(results)
+    for row, result in zip(rows, results):  # lifecycle paths taken, the oracle's refits and their wall time, ...
+        row["counters"] = dict(result.counters)
     (out_dir / "summary.json").write_text(json.dumps({"meta": meta or {}, "systems": rows}, indent=2,
                                                      default=float))
     paths = [out_dir / "summary.json", plot_timeseries(results, out_dir / "figure.png")]

@@ -28,6 +28,8 @@ def test_cli_writes_summary_and_figure(tmp_path, capsys):
     assert "worst apps of janus" in printed
     worst = next(s for s in summary["systems"] if s["system"] == "janus")["worst_apps"]
     assert worst and all(set(w) >= {"name", "model", "num_requests", "token_attainment", "rejected"} for w in worst)
+    janus = next(s for s in summary["systems"] if s["system"] == "janus")
+    assert janus["counters"]["events"] > 0 and janus["counters"]["rejected"] >= 0  # the run's counters are kept
     assert [w["token_attainment"] for w in worst] == sorted(w["token_attainment"] for w in worst)
     # one source of defaults: what the simulated Janus ran with is what `janus config` says the services run with
     from ops.effective import effective_policies
