@@ -431,13 +431,12 @@ class DispatcherCore:
         rows = self._proc_rows(instances, num_prompt_tokens)
         affinity = None
         if any(cached):
+            cached = self._may_take_more(model, cached)
+        if any(cached):
             rows = self._uncached_rows(instances, num_prompt_tokens, rows, cached)
             position = {record.instance_id: i for i, record in enumerate(instances)}
-            held = {k: {position[h]: n for h, n in hits.items() if h in position} for k, hits in enumerate(cached)
-                    if hits}
-            backlog = ([self._decode.backlog(r.instance_id) for r in instances]
-                       if self._view.has_colocated(model) else None)
-            affinity = Affinity(held, backlog, self.policy.prefix_max_decode_gap)
+            affinity = Affinity({k: {position[h]: n for h, n in hits.items() if h in position}
+                                 for k, hits in enumerate(cached) if hits})
         decision = plan_round(now, jobs, available_ms, rows, self.policy, affinity)
         effects: list[Effect] = []
         for k, (deadline_ms, num_relaxations) in decision.relaxed.items():
@@ -491,6 +490,31 @@ class DispatcherCore:
         if job.cached[0] != stamp:
             job.cached = (stamp, self._prefixes.cached_tokens(job.prefix_keys))
         return job.cached[1]
+
+    def _may_take_more(self, model: str, cached: list[dict[str, int]]) -> list[dict[str, int]]:
+        """The holders a round may favour: a co-located instance is favoured for at most as many of the queued jobs
+        (in queue order) as keep it within `prefix_max_decode_gap` sequences of the least busy instance's decode
+        backlog; past that it counts as holding nothing for the others (their p_ij the whole prompt's). Else a
+        prefix every request shares, a system prompt, makes its first holder look nearly free to LST-IMH for every
+        request, and the model's decoding piles up there; past the gap another instance takes a request and holds
+        the prefix too."""
+        if not self._view.has_colocated(model):
+            return cached
+        backlog = self._decode.backlog
+        least = min(backlog(r.instance_id) for r in self._view.prefill_instances(model))
+        room = {}  # holder -> jobs it may still be favoured for
+        out = []
+        for hits in cached:
+            kept = {}
+            for h, n in hits.items():
+                left = room.get(h)
+                if left is None:
+                    left = room[h] = least + self.policy.prefix_max_decode_gap - backlog(h) + 1
+                if left > 0:
+                    kept[h] = n
+                    room[h] = left - 1
+            out.append(kept)
+        return out
 
     def _uncached_rows(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray,
                        rows: list[list[float]], cached: list[dict[str, int]]) -> list[list[float]]:

@@ -104,9 +104,9 @@ class DispatchPolicy(BaseModel):
     prefix_max_decode_gap: int = Field(
         default=4,
         ge=0,
-        description="a request moves to a co-located instance holding its prefix only while that instance decodes "
-        "at most this many more sequences than the one LST-IMH chose: a prefix every request shares (a system "
-        "prompt) would otherwise pile the model's decoding on its first holder",
+        description="a co-located instance holding a prefix is favoured only while its decode backlog stays within "
+        "this many sequences of the least busy instance's: a prefix every request shares (a system prompt) would "
+        "otherwise pile the model's decoding on its first holder",
     )
     prefix_block_size: int = Field(
         default=16, ge=1, description="tokens per KV block of the engines' prefix cache (EngineConfig.block_size)"

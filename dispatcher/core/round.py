@@ -40,13 +40,11 @@ class RoundDecision:
 
 @dataclass(frozen=True)
 class Affinity:
-    """Prefix affinity's inputs to a round (dispatcher/core/prefix_affinity.py): per job index, the instance
-    indices holding its prompt's prefix and how many of its tokens each holds; per instance index, the decode
-    backlog breaking ties among co-located instances (None when the model has none)."""
+    """Prefix affinity's input to a round (dispatcher/core/prefix_affinity.py): per job index, the instance
+    indices holding its prompt's prefix and how many of its tokens each holds (only instances that may take more:
+    `DispatcherCore._affinity`)."""
 
     held: dict[int, dict[int, int]]
-    decode_backlog: Sequence[float] | None = None
-    max_backlog_gap: float = 0.0  # DispatchPolicy.prefix_max_decode_gap
 
     def holds_more(self, k: int, holder: int, other: int) -> bool:
         hits = self.held.get(k)
@@ -123,10 +121,7 @@ def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], av
                      rows: Sequence[list[float]], policy: DispatchPolicy, affinity: Affinity) -> None:
     """Prefix affinity, after the plan: an on-time job committed to one instance moves to a near-free instance
     holding more of its prompt's prefix (the most first) when there every on-time job committed still meets its
-    planned deadline, in deadline order, and, among co-located instances, the holder decodes at most
-    `max_backlog_gap` more sequences than the instance it leaves (else a prefix every request shares, a system
-    prompt, would pile all decoding on its first holder; past the gap another instance takes one and holds it
-    too). The instance it leaves only gets earlier."""
+    planned deadline, in deadline order. The instance it leaves only gets earlier."""
     margin = policy.deadline_margin_frac
     due = {k: jobs[k].deadline_ms - margin * jobs[k].request.ttft_slo_ms for k in range(len(jobs))}
     by_instance: dict[int, list[int]] = {}
@@ -135,14 +130,12 @@ def _move_to_holders(now_ms: float, decision: RoundDecision, jobs: list[Job], av
     horizon_ms = now_ms + policy.lookahead_ms if policy.is_late_binding else inf
     near = {i for i, available in enumerate(available_ms) if available <= horizon_ms}
     moved = False
-    backlog = affinity.decode_backlog
     for i, k, _ in list(decision.commits):
         hits = affinity.held.get(k)
         if jobs[k].is_late or not hits:
             continue
         for h in sorted(hits, key=lambda h: (-hits[h], h)):
-            if (h not in near or not affinity.holds_more(k, h, i)
-                    or (backlog is not None and backlog[h] > backlog[i] + affinity.max_backlog_gap)):
+            if h not in near or not affinity.holds_more(k, h, i):
                 continue
             planned = by_instance.get(h, [])
             if any(jobs[j].is_late for j in planned):

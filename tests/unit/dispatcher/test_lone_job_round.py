@@ -35,9 +35,9 @@ def test_the_lone_job_shortcut_decides_as_the_general_round(now_ms, offsets_ms, 
     available_ms = [now_ms + o for o in offsets_ms]
     proc_ms = np.array(proc[: len(available_ms)]).reshape(len(available_ms), 1)
     job = Job.from_request(request("r", now_ms, slo_ms=slo_ms))
-    # prefix affinity: instances holding 16, 32, ... of the prompt's tokens; decode backlogs by position
-    affinity = Affinity({0: {i: 16 * (n + 1) for n, i in enumerate(held_by) if i < len(available_ms)}},
-                        [float(i % 3) for i in range(len(available_ms))]) if held_by else None
+    # prefix affinity: instances holding 16, 32, ... of the prompt's tokens
+    affinity = Affinity({0: {i: 16 * (n + 1) for n, i in enumerate(held_by) if i < len(available_ms)}}) \
+        if held_by else None
     shortcut = plan_round(now_ms, [job], available_ms, proc_ms, policy, affinity)
     general = plan_round_general(now_ms, [job], available_ms, proc_ms, policy, affinity)
     if affinity:
