@@ -433,8 +433,8 @@ class DispatcherCore:
         if any(cached):
             cached = self._may_take_more(model, cached)
         if any(cached):
-            rows = self._uncached_rows(instances, num_prompt_tokens, rows, cached)
             position = {record.instance_id: i for i, record in enumerate(instances)}
+            rows = self._uncached_rows(instances, position, num_prompt_tokens, rows, cached)
             affinity = Affinity({k: {position[h]: n for h, n in hits.items() if h in position}
                                  for k, hits in enumerate(cached) if hits})
         decision = plan_round(now, jobs, available_ms, rows, self.policy, affinity)
@@ -516,11 +516,12 @@ class DispatcherCore:
             out.append(kept)
         return out
 
-    def _uncached_rows(self, instances: Sequence[InstanceRecord], num_prompt_tokens: np.ndarray,
-                       rows: list[list[float]], cached: list[dict[str, int]]) -> list[list[float]]:
+    def _uncached_rows(self, instances: Sequence[InstanceRecord], position: dict[str, int],
+                       num_prompt_tokens: np.ndarray, rows: list[list[float]],
+                       cached: list[dict[str, int]]) -> list[list[float]]:
         """The rows of instances holding some queued prompt's prefix, those entries predicted on the tokens the
-        instance would compute (a request has one or two holders: entries, not whole rows, are predicted again)."""
-        position = {record.instance_id: i for i, record in enumerate(instances)}
+        instance would compute (a request has one or two holders: entries, not whole rows, are predicted again).
+        `position`: instance id -> index in `instances`."""
         rows = list(rows)
         copied: set[int] = set()
         predict = self._prefill_time.predict_ms
@@ -578,4 +579,3 @@ class DispatcherCore:
             self._dequeue(queue, job)
             effects.append(self._assign(now, job, record, predicted_ms))
         return effects
-

@@ -42,7 +42,7 @@ class RoundDecision:
 class Affinity:
     """Prefix affinity's input to a round (dispatcher/core/prefix_affinity.py): per job index, the instance
     indices holding its prompt's prefix and how many of its tokens each holds (only instances that may take more:
-    `DispatcherCore._affinity`)."""
+    `DispatcherCore._may_take_more`)."""
 
     held: dict[int, dict[int, int]]
 
