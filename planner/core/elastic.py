@@ -56,13 +56,13 @@ def shrink_prefill_first(before: PD, after: PD) -> PD:
     return (total - num_decode, num_decode)
 
 
-def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy) -> LoadFeatures:
-    """The load to size replicas for: the window's token rate times `load_headroom`, plus the tokens of the
-    requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging
+def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy, headroom: float | None = None) -> LoadFeatures:
+    """The load to size replicas for: the window's token rate times `load_headroom` (or `headroom`), plus the tokens
+    of the requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging
     estimate of the next seconds' (a fork takes a second or more to serve), so sizing for exactly the measured rate
     leaves every burst short; and after a saturated period the arrival rate says nothing of the queue left behind."""
     features = window.features
-    token_rate = features.token_rate_tps * policy.load_headroom
+    token_rate = features.token_rate_tps * (policy.load_headroom if headroom is None else headroom)
     if policy.backlog_drain_s > 0 and window.queue_depth:
         tokens_per_request = features.input_len_mean + features.output_len_mean
         token_rate += window.queue_depth * tokens_per_request / policy.backlog_drain_s
@@ -139,6 +139,7 @@ class ElasticScaler:
         self._applied: dict[str, PD] = {}  # the last plan's counts, debounced or not
         # the last answers, as hints for the next searches (0.5 s later most m* are unchanged)
         self._last_m: dict[str, int] = {}
+        self._last_rate_m: dict[str, int] = {}
         self._last_band_m: dict[str, int] = {}
         self._asked: dict[str, deque[tuple[float, int]]] = {}  # per model, (time, count) for scale_in_hold_s
         self._last_arrival_ms: dict[str, float] = {}  # per model, the end of the last window with an arrival
@@ -170,8 +171,7 @@ class ElasticScaler:
         loads = {m: w for m in models if (w := self._loads.merged(m, now_ms)) is not None}
         busy = [m for m in models if m in loads and loads[m].request_rate_rps > p.min_rate_rps]
         sized_for = {m: load_to_size_for(loads[m], p) for m in busy}
-        searches = self._search(sized_for, self._last_m)
-        self._last_m = {m: r.num_replicas for m, r in searches.items()}
+        searches = self._size(loads, sized_for)
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
@@ -306,9 +306,27 @@ class ElasticScaler:
             out[m] = why
         return out
 
-    def _search(self, features: Mapping[str, LoadFeatures], hints: Mapping[str, int]) -> dict[str, ReplicaSearch]:
+    def _size(self, loads: Mapping[str, ModelLoadWindow], sized_for: Mapping[str, LoadFeatures]) \
+            -> dict[str, ReplicaSearch]:
+        """m* per model: the larger of the least count whose bound reaches `headroom_target_attainment` at the rate
+        sized for (`load_headroom`) and the least count reaching `target_attainment` at the measured rate (both with
+        the backlog term). The headroom carries a burst until the next scale-out lands; asking the target of it
+        too sizes twice for the knee when the oracle knows the knee is smooth (docs/planner.md, "Headroom")."""
         p = self.policy
-        return search_min_replicas(self.oracle, features, p.target_attainment, p.k_sigma, p.max_num_replicas,
+        headroom_target = _headroom_target(p)
+        searches = self._search(sized_for, self._last_m, headroom_target)
+        self._last_m = {m: r.num_replicas for m, r in searches.items()}
+        if headroom_target >= p.target_attainment or not searches:
+            return searches  # its answer meets the target at the measured rate too (monotone in rate and target)
+        at_rate = self._search({m: load_to_size_for(loads[m], p, headroom=1.0) for m in searches},
+                               self._last_rate_m, p.target_attainment)
+        self._last_rate_m = {m: r.num_replicas for m, r in at_rate.items()}
+        return {m: at_rate[m] if at_rate[m].num_replicas > r.num_replicas else r for m, r in searches.items()}
+
+    def _search(self, features: Mapping[str, LoadFeatures], hints: Mapping[str, int],
+                target_attainment: float) -> dict[str, ReplicaSearch]:
+        p = self.policy
+        return search_min_replicas(self.oracle, features, target_attainment, p.k_sigma, p.max_num_replicas,
                                    mode=p.search_mode,  # type: ignore[arg-type]
                                    saturation_eps=p.saturation_eps, hints=hints)
 
@@ -327,7 +345,7 @@ class ElasticScaler:
         # The band's upper answer: the same load with the rate scaled from load_headroom up to scale_in_headroom.
         ratio = p.scale_in_headroom / p.load_headroom
         kept = self._search({m: f.model_copy(update={"token_rate_tps": f.token_rate_tps * ratio})
-                             for m, f in over.items()}, self._last_band_m)
+                             for m, f in over.items()}, self._last_band_m, _headroom_target(p))
         self._last_band_m.update((m, r.num_replicas) for m, r in kept.items())
         banded = set()
         for m in over:
@@ -369,16 +387,19 @@ class ElasticScaler:
             return why
         bounds = dict(zip(search.prediction.replicas, search.prediction.attainment_bound))
         m = search.num_replicas
+        target = search.target_attainment
         if search.is_reachable:
-            why = f"m*={m}: bound {bounds[m]:.3f} >= target {p.target_attainment:.3f}"
+            is_at_rate = p.load_headroom <= 1.0 or target == p.target_attainment != _headroom_target(p)
+            where = "the measured rate" if is_at_rate else f"x{p.load_headroom:g} the rate"
+            why = f"m*={m}: bound {bounds[m]:.3f} >= target {target:.3f} at {where}"
             if m - 1 in bounds:
                 why += f" (m={m - 1}: {bounds[m - 1]:.3f})"
         elif m == p.max_num_replicas and bounds[m] <= p.saturation_eps:
-            why = (f"target {p.target_attainment:.3f} unreachable: saturated (bound {bounds[m]:.3f} at every count "
+            why = (f"target {target:.3f} unreachable: saturated (bound {bounds[m]:.3f} at every count "
                    f"up to the cap): m*={m}, the cap, the count that serves most of the load")
         else:
             cap = p.max_num_replicas
-            why = (f"target {p.target_attainment:.3f} unreachable (bound {bounds[cap]:.3f} at the cap m={cap}): "
+            why = (f"target {target:.3f} unreachable (bound {bounds[cap]:.3f} at the cap m={cap}): "
                    f"m*={m}, the least count that maximises the bound ({bounds[m]:.3f})")
         if is_banded:
             why += f"; kept at {desired}: inside the scale-in band (x{p.scale_in_headroom:g} the rate needs that many)"
@@ -394,6 +415,15 @@ class ElasticScaler:
         elif applied != raw and num_devices(applied) == 1:
             why += "; its first instance at once, the rest when two plans agree"
         return why
+
+
+def _headroom_target(policy: ElasticPolicy) -> float:
+    """The target the count sized for `load_headroom` times the rate must reach: `headroom_target_attainment`, never
+    above `target_attainment` (a lower target alone asks no more of the headroom), and the target itself without
+    a headroom (the measured rate is then the rate sized for)."""
+    if policy.load_headroom <= 1.0:
+        return policy.target_attainment
+    return min(policy.headroom_target_attainment, policy.target_attainment)
 
 
 def _measured_ratio(search: ReplicaSearch | None) -> float | None:

@@ -36,6 +36,7 @@ class ReplicaSearch:
     is_reachable: bool
     prediction: ElasticityPrediction  # all m asked, sorted
     num_rounds: int
+    target_attainment: float = 0.0  # the target searched for
 
 
 class _Asker:
@@ -128,8 +129,8 @@ def search_min_replicas(
         pending = list(asks)
         if asks:
             asker.ask(asks)
-    return {m: ReplicaSearch(m, result[m][0], result[m][1], asker.prediction(m), asker.num_rounds)
-            for m in features}
+    return {m: ReplicaSearch(m, result[m][0], result[m][1], asker.prediction(m), asker.num_rounds,
+                             target_attainment) for m in features}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 counts that do not flap while a load wanders."""
 from __future__ import annotations
 
+import math
+
 from planner_test_oracles import TableOracle, bare_elastic, features, window
 
 from planner.core.elastic import ElasticScaler
@@ -98,3 +100,38 @@ def test_unpadded_counts_take_out_headroom_and_backlog():
     assert 1 <= out["b"] < 9  # mostly its queue: the measured rate alone needs far fewer
     assert out["idle"] == 0
     assert unpadded_counts({"q": 9}, {"q": quiet}, bare_elastic()) == {"q": 9}  # nothing padded
+
+
+def _headroom_count(attainment, headroom_target: float, rate_rps: float = 10.0):
+    scaler = ElasticScaler(TableOracle(attainment=attainment),
+                           bare_elastic(is_debounced=False, load_headroom=1.5,
+                                        headroom_target_attainment=headroom_target))
+    scaler.observe(window("m", rate_rps, 0.0))
+    target = scaler.tick(0.0, ["m"], budget_devices=1000).plan.targets[0]
+    return target.num_prefill + target.num_decode, target.reason
+
+
+def _replica_loads(feats) -> float:
+    return feats.token_rate_tps / 1000.0  # the table oracle's default: a replica serves 1,000 tokens/s
+
+
+def test_the_headroom_is_sized_for_its_own_target_and_the_measured_rate_for_the_target():
+    # A smooth knee (attainment 1 - exp(-3 m / load)), 10 rps = 6.4 loads, 1.5x = 9.6: 0.95 at 1.5x the rate needs
+    # 10 replicas, 0.99 at the rate 12, and 0.99 at 1.5x the rate (the rule before) 17.
+    def smooth(model, feats, m):
+        return 1.0 - math.exp(-3.0 * m / _replica_loads(feats))
+
+    count, reason = _headroom_count(smooth, 0.95)
+    assert count == 12 and "at the measured rate" in reason
+    assert _headroom_count(smooth, 0.99)[0] == 17
+
+
+def test_a_knee_that_steps_at_capacity_is_sized_as_before():
+    # Attainment climbing from 0 at 80 % of a replica's capacity to 1 at 100 %: 1.5x the rate decides (10), and a
+    # target of 0.95 or 0.99 there asks for the same count.
+    def steep(model, feats, m):
+        return min(1.0, max(0.0, (m / _replica_loads(feats) - 0.8) / 0.2))
+
+    count, reason = _headroom_count(steep, 0.95)
+    assert count == _headroom_count(steep, 0.99)[0] == 10
+    assert "x1.5 the rate" in reason
