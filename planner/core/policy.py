@@ -100,9 +100,9 @@ class ElasticPolicy(_Policy):
     )
     # The headroom carries a burst until the next scale-out lands; it need not hold the target at 1.5x the rate. Below
     # target_attainment, the count for load_headroom times the rate needs only this, and the measured rate still
-    # needs the target. 0.99 (the target: the rule off) until a value is found that serves the learned oracle as
-    # well: on seed 2's first 960 s, 0.95 took the clairvoyant Janus from 0.9931 on 119.9 device-h to 0.9951 on
-    # 109.1, and the learned one to 0.9746 on 99.8, its 32B kind short (docs/planner.md, "Headroom's target").
+    # needs the target. 0.99 (the target: the rule off): on seed 2's first 960 s, 0.95 took the clairvoyant Janus
+    # from 0.9931 on 119.9 device-h to 0.9951 on 109.1, but the learned one from 0.9962 on 132.4 to 0.9746 on 99.8
+    # (0.97: 0.9848 on 105.1), its 32B kind short (docs/planner.md, "Headroom's target").
     headroom_target_attainment: float = Field(
         default=0.99, gt=0, le=1, description="the bound the count sized for load_headroom times the rate must "
         "reach (at most target_attainment); the measured rate must reach target_attainment (at or above it: the "
