@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "on profiles of the simulated device (as a deployment learns; profiled once, cached under "
                    "artifacts/sim-oracle), or the untrained datasheet roofline (janus-learned, janus-clairvoyant and "
                    "janus-roofline keep theirs)")
+    p.add_argument("--refit-wall-s", type=float, default=None,
+                   help="learned oracle: every online refit serves this many seconds after it starts (default: the "
+                        "fit's measured wall time, as live; a number makes two runs of the same code the same run)")
     p.add_argument("--config", type=Path, default=None, help="cluster YAML: Janus runs with its planner and "
                    "dispatcher policies (default: the live defaults, as `janus config` prints them)")
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ScenarioSpec(trace=args.trace, num_apps=args.apps, num_requests=args.requests,
                         duration_s=args.duration_s, compression=args.compression, window_s=args.window_s,
                         device=args.device, num_devices=args.devices, mix=args.mix, seed=args.seed, policy=policy,
-                        device_effects=args.device_effects, oracle=args.oracle)
+                        device_effects=args.device_effects, oracle=args.oracle, refit_wall_s=args.refit_wall_s)
     console = Console() if Console().is_terminal else Console(width=170)
     trace = spec.build_trace()
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "

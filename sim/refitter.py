@@ -2,7 +2,9 @@
 refits the (model, kind) pairs due one at a time while the planners go on asking the old GPs; a new GP answers only
 once its training is over. Here the same real gpytorch training runs at once, between two simulated events, and
 its predictor is installed after the wall time that training took, measured (the machine running the simulation
-stands for the oracle's): the planners decide on the old GPs meanwhile, as they would live."""
+stands for the oracle's): the planners decide on the old GPs meanwhile, as they would live. With `fixed_wall_s` every
+fit is taken to last that long instead: the measured time follows how busy this machine is (two runs of the same code
+differed by ~10 % of device-hours, docs/bench/sim.md run 38), a fixed one makes a run repeatable."""
 from __future__ import annotations
 
 import logging
@@ -20,11 +22,15 @@ class SimulatedRefitter:
     its memo of the old GPs' answers there)."""
 
     def __init__(self, oracle: Oracle, at: Callable[[float, Callable[[float], None]], None],
-                 on_installed: Callable[[float], None], clock: Callable[[], float] = time.perf_counter) -> None:
+                 on_installed: Callable[[float], None], clock: Callable[[], float] = time.perf_counter,
+                 fixed_wall_s: float | None = None) -> None:
+        if fixed_wall_s is not None and fixed_wall_s < 0:
+            raise ValueError(f"a refit's fixed wall time is >= 0 s, not {fixed_wall_s}")
         self.oracle = oracle
         self.at = at  # the simulation's scheduler: at(time_s, fn(now_s))
         self.on_installed = on_installed
         self.clock = clock  # wall clock of the training (injected for tests)
+        self.fixed_wall_s = fixed_wall_s  # None: a fit serves after its measured wall time
         self.in_flight: tuple[str, str] | None = None
         self.num_refits = 0
         self.num_failures = 0
@@ -46,7 +52,8 @@ class SimulatedRefitter:
             wall_s = self.clock() - start
             self.fit_walls_s.append(wall_s)
             self.in_flight = (model, kind)
-            self.at(now_s + wall_s, lambda t, m=model, k=kind, p=predictor, n=len(samples):
+            serves_after_s = wall_s if self.fixed_wall_s is None else self.fixed_wall_s
+            self.at(now_s + serves_after_s, lambda t, m=model, k=kind, p=predictor, n=len(samples):
                     self._install(t, m, k, p, n))
             return
 

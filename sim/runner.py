@@ -28,7 +28,7 @@ def janus_policies(policy: dict | None = None) -> tuple:
 
 
 def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle",
-             oracle: str = "clairvoyant") \
+             oracle: str = "clairvoyant", refit_wall_s: float | None = None) \
         -> dict[str, Callable[[], ControlPlane]]:
     """The systems by name. `oracle`: what the Janus systems (janus, its ablations) ask; `janus-clairvoyant` and
     `janus-learned` and `janus-roofline` keep theirs whatever it is."""
@@ -41,7 +41,7 @@ def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-
         update={"resumes_draining": False})})
     def janus(mode: str, name: str | None = None, oracle: str = oracle, planner_policy=planner):
         return lambda: JanusControl(mode, planner_policy, dispatch, name=name, oracle=oracle,
-                                    oracle_cache_dir=oracle_cache_dir)
+                                    oracle_cache_dir=oracle_cache_dir, refit_wall_s=refit_wall_s)
 
     return {
         "janus": janus("both"),
@@ -103,6 +103,10 @@ class ScenarioSpec:
     # until the learned one meets the headline's goals on every seed: docs/bench/sim.md run 29), "learned" (GPs
     # fitted on profiles of the simulated device, as a deployment learns) or "roofline" (the datasheet's, untrained)
     oracle: str = "clairvoyant"
+    # How long a learned oracle's online refit takes before its GP serves: None = the fit's own measured wall time
+    # (as live; runs of the same code then differ by how busy this machine was), a number = that many seconds for
+    # every fit, so two runs are the same run (sim/refitter.py)
+    refit_wall_s: float | None = None
 
     def build_trace(self) -> Trace:
         if self.trace == "servegen":
@@ -156,7 +160,7 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     from .metrics import app_reports, per_app_token_attainment
 
     scenario = spec.build()
-    control = _systems(spec.policy, spec.oracle_cache_dir, spec.oracle)[system]()
+    control = _systems(spec.policy, spec.oracle_cache_dir, spec.oracle, spec.refit_wall_s)[system]()
     run = SystemRun(scenario, control)
     n = scenario.trace.num_requests
     cpu0 = time.process_time()

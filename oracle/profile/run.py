@@ -88,11 +88,15 @@ class ProfilePlan:
 FULL = ProfilePlan("full")
 QUICK = ProfilePlan("quick", load_bands=((0.05, 0.3), (0.65, 1.15), (1.3, 1.8)), duration_s=1.5,
                     pilot_duration_s=1.0, pilot_max_runs=5, step_cost_rounds=2)
-# For a fast target (an accelerator, or the simulator's devices: sim/oracle_training.py): m up to 8, five loads from
+# For a fast target (an accelerator, or the simulator's devices: sim/oracle_training.py): m up to 8, seven loads from
 # well below to well past each mix's knee, points long enough for requests of a few hundred tokens at a TPOT SLO of
-# tens of ms to finish. Its mixes come from the caller (telemetry).
-DEVICE = ProfilePlan("device", replicas=(1, 2, 4, 8), load_bands=((0.05, 0.3), (0.3, 0.65), (0.65, 1.15), (1.3, 1.8),
-                                                               (2.0, 3.0)),
+# tens of ms to finish. Its mixes come from the caller (telemetry). Three of the bands lie between 0.55 and 1.15 x
+# the knee (the pilots' 0.5-attainment rate), where attainment falls from 0.99 to 0.5 and where the scaler's counts
+# are decided: with one band there (0.65-1.15), the 0.99 crossing fell in a gap of 1.6-2x the load between two
+# points, and the GP's knee, interpolated across it, asked 15-25 % more replicas than the device's own step
+# (docs/bench/sim.md, runs 38 and 39).
+DEVICE = ProfilePlan("device", replicas=(1, 2, 4, 8), load_bands=((0.05, 0.3), (0.3, 0.55), (0.55, 0.75), (0.75, 0.95),
+                                                               (0.95, 1.15), (1.3, 1.8), (2.0, 3.0)),
                      duration_s=8.0, drain_s=16.0, pilot_duration_s=4.0, pilot_max_runs=6)
 PLANS = {p.name: p for p in (FULL, QUICK, DEVICE)}
 

@@ -77,7 +77,7 @@ class JanusControl(ControlPlane):
 
     def __init__(self, mode: str = "both", planner_policy: PlannerPolicy | None = None,
                  dispatch: DispatchPolicy | None = None, name: str | None = None, oracle: str = "clairvoyant",
-                 oracle_cache_dir: str = "artifacts/sim-oracle"):
+                 oracle_cache_dir: str = "artifacts/sim-oracle", refit_wall_s: float | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         if oracle not in ORACLES:
@@ -87,6 +87,7 @@ class JanusControl(ControlPlane):
         # roofline of the cost model that times the simulated devices; "roofline": the datasheet's, untrained
         self.oracle_kind = oracle
         self.oracle_cache_dir = oracle_cache_dir
+        self.refit_wall_s = refit_wall_s  # None: each online refit serves after its measured wall time
         self.name = name or MODES[mode]
         self.planner_policy = ablation_policy(mode, planner_policy or PlannerPolicy())
         self._dispatch = dispatch or DispatchPolicy()
@@ -158,7 +159,7 @@ class JanusControl(ControlPlane):
             self.learner = oracle
             # the counts the heartbeats would show, and since when; the windows merged as the service merges them
             self.intake = WindowIntake(DriftTracker(), ReplicaCounts())
-            self.refitter = SimulatedRefitter(oracle, run.sim.at, self._refitted)
+            self.refitter = SimulatedRefitter(oracle, run.sim.at, self._refitted, fixed_wall_s=self.refit_wall_s)
             run.dispatch.report_outcomes()
             return oracle
         return roofline_oracle(run) if self.oracle_kind == "roofline" else make_oracle(run)

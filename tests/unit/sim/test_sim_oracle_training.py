@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from contracts import ElasticityItem, ElasticityQuery
+from contracts import ElasticityItem, ElasticityQuery, ElasticPlan
 from oracle.profile.harness import HarnessSettings, is_pilot_long_enough, point_duration_s
 from sim.device_effects import DeviceEffects
 from sim.oracle_training import LENGTH_MARGIN, SIM_PLAN, cache_path, groups_of, learned_oracle, plan_for, profile_group
@@ -107,12 +107,9 @@ def test_three_oracles_side_by_side_and_a_clear_error_for_another():
         JanusControl("both", oracle="psychic")
 
 
-def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, monkeypatch):
-    """As the live oracle service does: the dispatchers' windows carry the workers' token-level outcomes, the
-    oracle learns them against the serving replicas (the apps of a kind in one pool) and refits when due."""
+def _learning_online(monkeypatch):
+    """A busy two-minute scenario whose learned oracle profiles SMALL_PLAN and refits after 4 new windows."""
     import sim.oracle_training as training
-    from sim.systems.base import SystemRun
-    from sim.systems.janus import JanusControl
 
     trace = servegen_trace(num_apps=4, duration_s=120.0, num_requests=6_000, seed=3)
     busy = build_scenario(trace, num_devices=48, tiers=((1.0, ("qwen2-7b", "qwen2.5-32b")),),
@@ -127,6 +124,16 @@ def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, mo
         return oracle
 
     monkeypatch.setattr(training, "learned_oracle", small_learned_oracle)
+    return busy
+
+
+def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, monkeypatch):
+    """As the live oracle service does: the dispatchers' windows carry the workers' token-level outcomes, the
+    oracle learns them against the serving replicas (the apps of a kind in one pool) and refits when due."""
+    from sim.systems.base import SystemRun
+    from sim.systems.janus import JanusControl
+
+    busy = _learning_online(monkeypatch)
     control = JanusControl(oracle="learned", oracle_cache_dir=str(tmp_path))
     windows = []
     run = SystemRun(busy, control)
@@ -150,3 +157,24 @@ def test_the_simulated_janus_learns_online_from_token_level_windows(tmp_path, mo
     version = control.learner.versions(group.name)["elasticity"]
     assert all(control.learner.versions(busy.apps[a].name)["elasticity"] == version for a in group.apps)
     assert any(control.intake.drift.summary(a.name) is not None for a in busy.apps)
+
+
+def test_with_a_fixed_refit_wall_time_two_runs_of_the_same_learned_janus_are_the_same_run(tmp_path, monkeypatch):
+    """`janus sim --refit-wall-s`: each refit serves that long after it starts, not after its measured wall time
+    (which follows how busy the machine is), so the same code on the same trace decides the same."""
+    from sim.systems.base import SystemRun
+    from sim.systems.janus import JanusControl
+
+    busy = _learning_online(monkeypatch)
+    runs = []
+    for _ in range(2):
+        control = JanusControl(oracle="learned", oracle_cache_dir=str(tmp_path), refit_wall_s=1.5)
+        result = SystemRun(busy, control).run()
+        # what each elastic plan asked per model (ids and decision times differ between any two runs)
+        asked = [[(t.model, t.desired_replicas, t.num_prefill, t.num_decode) for t in p.targets]
+                 for p in control.plans if isinstance(p, ElasticPlan)]
+        runs.append((result.summary, control.num_refits, asked))
+    (first, refits, plans), (second, refits_again, plans_again) = runs
+    assert refits >= 1 and refits == refits_again
+    assert first.token_attainment == second.token_attainment and first.device_hours == second.device_hours
+    assert len(plans) > 10 and plans == plans_again

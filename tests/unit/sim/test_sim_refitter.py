@@ -87,3 +87,20 @@ def test_a_failed_fit_keeps_the_old_model_and_the_next_refit_still_runs(profile_
     assert refitter.num_failures == 1
     refitter.poke(20.0)
     assert refitter.num_failures == 2
+
+
+def test_a_fixed_wall_time_installs_every_fit_after_that_time_whatever_the_fit_measured(profile_and_samples):
+    profile, training_set = profile_and_samples
+    oracle = gp_oracle({"qwen": profile}, policy=POLICY)
+    oracle.add_samples("qwen", capacity=training_set.capacity, elasticity=training_set.elasticity)
+    ticks = itertools.count(step=FIT_WALL_S)
+    sched = Scheduler()
+    refitter = SimulatedRefitter(oracle, sched.at, lambda now_s: None, clock=lambda: next(ticks), fixed_wall_s=0.75)
+    refitter.poke(10.0)
+    assert sched.events[0][0] == pytest.approx(10.75)  # not 10 + the measured 2.5 s
+    assert sched.run_next() == pytest.approx(10.75)
+    assert sched.events[0][0] == pytest.approx(11.5)
+    # the second fit started at the install; both fits' measured times are still reported
+    assert refitter.fit_walls_s == [pytest.approx(FIT_WALL_S)] * 2
+    with pytest.raises(ValueError, match="fixed wall time"):
+        SimulatedRefitter(oracle, sched.at, lambda now_s: None, fixed_wall_s=-1.0)
