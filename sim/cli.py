@@ -9,6 +9,14 @@ from pathlib import Path
 from .runner import EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, run_many
 
 
+def _seconds(text: str) -> float:
+    """A duration in seconds, >= 0 (argparse names the option and the value otherwise)."""
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a time is >= 0 s, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="janus sim", description=__doc__)
     p.add_argument("--trace", default="servegen", choices=["servegen", "azure", "mooncake", "arena"])
@@ -33,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "on profiles of the simulated device (as a deployment learns; profiled once, cached under "
                    "artifacts/sim-oracle), or the untrained datasheet roofline (janus-learned, janus-clairvoyant and "
                    "janus-roofline keep theirs)")
-    p.add_argument("--refit-wall-s", type=float, default=None,
+    p.add_argument("--refit-wall-s", type=_seconds, default=None,
                    help="learned oracle: every online refit serves this many seconds after it starts (default: the "
                         "fit's measured wall time, as live; a number makes two runs of the same code the same run)")
     p.add_argument("--config", type=Path, default=None, help="cluster YAML: Janus runs with its planner and "

@@ -52,3 +52,9 @@ def test_cli_runs_janus_with_the_policies_of_a_cluster_yaml(tmp_path):
 
     janus = _systems(policy)["janus"]()
     assert janus.policies() == policy, "the system ran with what the summary says"
+
+
+def test_a_negative_refit_time_is_refused_naming_the_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["--window-s", "10", "--refit-wall-s", "-1"])
+    assert "--refit-wall-s" in capsys.readouterr().err
