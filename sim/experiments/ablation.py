@@ -353,7 +353,8 @@ def main(args, console, policy: dict) -> int:
     ablation = AblationSpec(num_devices=args.devices or 0, seed=args.seed, device=args.device, policy=policy,
                             device_effects=args.device_effects, shock_factor=args.shock_factor,
                             shock_at_s=args.shock_at_s, shock_app=args.shock_app,
-                            duration_s=args.duration_s if args.duration_s else 180.0, oracle=args.oracle)
+                            duration_s=args.duration_s if args.duration_s else 180.0, oracle=args.oracle,
+                            refit_wall_s=args.refit_wall_s)
     if args.experiment == "ablation":
         spec, results, rows = run_ablation(ablation, systems, args.processes)
         print_ablation(rows, spec, console)
@@ -371,7 +372,8 @@ def main(args, console, policy: dict) -> int:
         base = ScenarioSpec(num_apps=args.apps, num_requests=args.requests,
                             duration_s=args.duration_s if args.duration_s else 1800.0, window_s=args.window_s,
                             device=args.device, mix=args.mix, seed=args.seed, policy=policy,
-                            device_effects=args.device_effects, oracle=args.oracle)
+                            device_effects=args.device_effects, oracle=args.oracle,
+                            refit_wall_s=args.refit_wall_s)
         title = (f"ServeGen, {args.apps} apps, {args.requests:,} requests over {base.duration_s:g} s"
                  + (f", first {args.window_s:g} s" if args.window_s else ""))
     budgets = [int(b) for b in args.budgets.split(",")]
