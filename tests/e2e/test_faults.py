@@ -90,7 +90,10 @@ async def test_three_node_nats_cluster_loses_a_node(tmp_path, demo_models_dir):
 
 
 async def test_planners_killed_and_restarted_resume_from_the_plan_stream(tmp_path, demo_models_dir):
+    from nats.js.errors import NotFoundError
+
     from contracts import HealthReply, SteadyPlan, subjects
+    from contracts.plans import audit_digest
     from planner.shell import last_plan
 
     config = cluster_config(demo_models_dir, planner={"steady": {"period_s": 2.0}, "startup_delay_s": 0.5})
@@ -99,6 +102,20 @@ async def test_planners_killed_and_restarted_resume_from_the_plan_stream(tmp_pat
     try:
         async def latest_steady() -> SteadyPlan | None:
             return await last_plan(bus, subjects.PLAN_STEADY, SteadyPlan)
+
+        async def steady_chain_from(seq: int, data: bytes) -> list[str]:
+            """The ids of the steady plan stored at `seq` and of every one after it, each checked to name the
+            digest of the one before (a restarted planner carries the chain on from the stream, not from scratch)."""
+            ids, digest = [SteadyPlan.model_validate_json(data).plan_id], audit_digest(subjects.PLAN_STEADY, data)
+            while True:
+                try:
+                    raw = await bus.js.get_msg(subjects.PLANS_STREAM, seq + 1, subject=subjects.PLAN_STEADY, next=True)
+                except NotFoundError:
+                    return ids
+                plan = SteadyPlan.model_validate_json(raw.data)
+                assert plan.prev_event_sha256 == digest, f"{plan.plan_id} does not follow on from {ids[-1]}"
+                ids.append(plan.plan_id)
+                seq, digest = raw.seq, audit_digest(subjects.PLAN_STEADY, raw.data)
 
         for _ in range(300):
             if await latest_steady() is not None:
@@ -109,28 +126,34 @@ async def test_planners_killed_and_restarted_resume_from_the_plan_stream(tmp_pat
         planners = {"steady-planner-0", "elastic-scaler-0", "reconciler-0"}
         for name in planners:
             kill9(cluster, name)
-        at_kill = await latest_steady()
-        assert at_kill is not None, "the steady planner published before it was killed"
+        at_kill = await bus.js.get_last_msg(subjects.PLANS_STREAM, subjects.PLAN_STEADY)
         assert set(cluster.restart_crashed()) == planners
         await cluster.wait_healthy(120)
-        # it leads once the killed copy's lease has expired (planner/leader.py: 1.5 s), and then resumes
+        # The new reconciler leads once the killed copy's lease has expired (planner/leader.py: 1.5 s) and carries on
+        # the last steady plan in PLANS when it takes office. The restarted steady planner may have appended one by
+        # then (it inherits the plan at the kill and plans at once once past its start-up delay): which of the two
+        # the reconciler finds is a race between two fresh processes; either is the chain's tip when it looked.
         deadline = time.monotonic() + 15
         while True:
             health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
-            if at_kill.plan_id in health.detail["resumed"].split(",") or time.monotonic() > deadline:
+            resumed = [p for p in health.detail["resumed"].split(",") if p.startswith("steady-")]
+            chain = await steady_chain_from(at_kill.seq, at_kill.data)
+            if (resumed and resumed[0] in chain) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-        assert at_kill.plan_id in health.detail["resumed"].split(","), "the new reconciler carries the last plan on"
+        assert resumed and resumed[0] in chain, f"the new reconciler carries the last plan on: {resumed} {chain}"
         summary = report("planners killed and restarted", await running)
         # the data path does not depend on the planners: every stream completes, whole
         assert summary["lost"] == 0 and summary["completed"] == summary["sent"]
         # the restarted steady planner plans again, and the reconciler follows without failures
         for _ in range(200):
             plan = await latest_steady()
-            if plan is not None and plan.plan_id != at_kill.plan_id:
+            if plan is not None and plan.plan_id != chain[0]:
                 break
             await asyncio.sleep(0.1)
-        assert plan.plan_id != at_kill.plan_id
+        assert plan.plan_id != chain[0]
+        # ... carrying the chain on from the plan at the kill (it inherited that plan; every link checked)
+        assert plan.plan_id in await steady_chain_from(at_kill.seq, at_kill.data)
         health = await bus.request(subjects.health("reconciler", "reconciler-0"), None, HealthReply, timeout_s=5)
         assert health.detail["failed_actions"] == "0" and health.detail["unaudited"] == "0"
         after = report("after the planners' restart", await load(cluster.gateway_url, 4, {**LONG, "max_tokens": 20}))
