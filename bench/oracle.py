@@ -8,8 +8,8 @@ measurement of a held-out point is trained on). Baseline: the roofline model cal
 efficiencies are stored in the profile), on the same held-out points. Tick: one elastic-scaler tick, the binary
 search of planner.core.replica_search over m = 1..64 for 62 models (one batched oracle call per round), with the
 profile's fitted Elasticity GP installed for every model; baseline: the same tick answered by the roofline.
-Four GP variants side by side: identity or logit target x logistic (default) or constant prior mean (the model
-before 2026-11-30). The tick also counts implausible answers far from the data: loads at least as heavy as a
+Four GP variants side by side: identity or logit (the default) target x logistic (default) or constant prior mean
+(the model before 2026-11-30). The tick also counts implausible answers far from the data: loads at least as heavy as a
 profiled point that missed 0.9 with m replicas, answered with m* <= m. Merged profiles' HBM and bandwidth needs are
 converted to the first profile's calibrated device (`in_units_of`).
 """
@@ -59,12 +59,14 @@ def in_units_of(base: TrainingSet, other: TrainingSet) -> TrainingSet:
 
 def folds_of(ts: TrainingSet, num_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Fold of each elasticity sample and of each capacity sample (grouped by grid point). A point run
-    prefill/decode-disaggregated (its meta's `num_decode` > 0) has no capacity samples (oracle/profile/harness.py)."""
+    prefill/decode-disaggregated (its meta's `num_decode` > 0) has no capacity samples (oracle/profile/harness.py),
+    nor has a knee search's pilot run (source "pilot", appended after the grid: oracle/profile/run.py)."""
     num_points = len(ts.elasticity)
     point_fold = np.random.default_rng(seed).permutation(num_points) % num_folds
     infos = ts.meta.get("points", [])
-    is_colocated = [not (infos[i].get("num_decode", 0) if i < len(infos) else 0) for i in range(num_points)]
-    replicas = [s.num_replicas if colocated else 0 for s, colocated in zip(ts.elasticity, is_colocated)]
+    has_capacity = [s.source != "pilot" and not (infos[i].get("num_decode", 0) if i < len(infos) else 0)
+                    for i, s in enumerate(ts.elasticity)]
+    replicas = [s.num_replicas if has else 0 for s, has in zip(ts.elasticity, has_capacity)]
     if sum(replicas) != len(ts.capacity):
         raise SystemExit("profile: capacity samples do not line up with grid points (one per replica)")
     return point_fold, np.repeat(point_fold, replicas)
@@ -253,14 +255,17 @@ def main(argv: list[str] | None = None) -> int:
           f"SLO TTFT {ts.ttft_slo_ms:g} ms / TPOT {ts.tpot_slo_ms:g} ms\n# command: {command}\n")
 
     print(f"## Accuracy on held-out profiles ({args.folds}-fold CV by grid point)\n")
-    # the default (identity target, logistic prior mean) first; the constant mean is the model before the logistic
+    # the oracle's default (OraclePolicy: the logit target since 2026-12-02) is the one the ratio column divides;
+    # the constant mean is the model before the logistic
     variants = [("identity", "logistic"), ("logit", "logistic"), ("identity", "constant"), ("logit", "constant")]
-    print("| figure | paper | " + " | ".join(f"GP ({t}, {m} mean)" for t, m in variants)
+    default = (OraclePolicy().attainment_target, OraclePolicy().elasticity_mean)
+    print("| figure | paper | " + " | ".join(f"GP ({t}, {m} mean{', default' if (t, m) == default else ''})"
+                                            for t, m in variants)
           + " | roofline (calibrated, same points) | GP default / roofline |")
     print("|---|---|" + "---|" * len(variants) + "---|---|")
     results = [accuracy(ts, args.folds, args.k_sigma, args.seed,
                         OraclePolicy(attainment_target=t, elasticity_mean=m)) for t, m in variants]
-    ident = results[0]
+    chosen = results[variants.index(default)]
     rows = [("attainment abs error, median (points)", "att_median"), ("attainment abs error, P90 (points)", "att_p90"),
             ("compute need rel error, P90 (%)", "compute_p90"), ("bandwidth need rel error, P90 (%)", "bandwidth_p90"),
             ("HBM need rel error, P90 (%)", "hbm_p90"),
@@ -268,12 +273,12 @@ def main(argv: list[str] | None = None) -> int:
             (f"compute/bandwidth inside +-{args.k_sigma:g} sigma (%)", "needs_in_band")]
     for label, key in rows:
         paper = PAPER.get(key)
-        rf = ident["roofline"][key]
-        gp = ident["gp"][key]
+        rf = chosen["roofline"][key]
+        gp = chosen["gp"][key]
         ratio = gp / rf if rf else float("nan")
         gps = " | ".join(f"{r['gp'][key]:.1f}" for r in results)
         print(f"| {label} | {paper if paper is not None else '-'} | {gps} | {rf:.1f} | {ratio:.2f} |")
-    print(f"\n(held-out: {ident['gp']['num_points']} grid points, {ident['gp']['num_capacity']} replica samples; "
+    print(f"\n(held-out: {chosen['gp']['num_points']} grid points, {chosen['gp']['num_capacity']} replica samples; "
           f"the roofline's sigma is the oracle's default for it: 0.1 attainment, 25 % of a need)\n")
 
     print(f"## Fast-path tick: {args.models} elastic models, binary search over m = 1..{args.max_replicas}\n")

@@ -1,13 +1,14 @@
 """The effective configuration: a cluster YAML (or the defaults) with every policy knob expanded to the value that runs.
 
-One source of defaults: `effective_policies(cluster)` builds the planner and dispatcher policies exactly as the
-services do (`PlannerPolicy(**cluster.planner)`, `DispatchPolicy(**cluster.dispatcher)`) and dumps them as JSON-ready
-dicts, defaults included. `janus config` prints it; the simulator records the same dict for the policies it ran with,
-so a live cluster and a simulated one can be compared knob by knob.
+One source of defaults: `effective_policies(cluster)` builds the planner, dispatcher and oracle policies exactly as the
+services do (`PlannerPolicy(**cluster.planner)`, `DispatchPolicy(**cluster.dispatcher)`,
+`OraclePolicy.from_knobs(cluster.oracle)`) and dumps them as JSON-ready dicts, defaults included. `janus config`
+prints it; the simulator records the same dict for the policies it ran with, so a live cluster and a simulated one
+can be compared knob by knob.
 
-Why here: the function needs both policy classes, and it must be callable from the CLI and from the simulator. It
-cannot live in `planner/` or `dispatcher/` (the services are independent: neither may import the other), nor in
-`runtime/` (the library every service imports sits below them). `ops/` sits above the services and below the
+Why here: the function needs the services' policy classes, and it must be callable from the CLI and from the
+simulator. It cannot live in `planner/` or `dispatcher/` (the services are independent: neither may import the other),
+nor in `runtime/` (the library every service imports sits below them). `ops/` sits above the services and below the
 simulator (docs/architecture.md, "Layers"), so both callers reach it with arrows pointing down. The policy classes are
 imported inside the function bodies, as `ops/cli.py` imports services, so importing `ops.effective` never loads a
 service package (nor the planner core's packing and MILP modules).
@@ -33,12 +34,18 @@ class ConfigError(ValueError):
 
 
 def effective_policies(cluster: ClusterConfig) -> dict[str, dict[str, Any]]:
-    """The policies the services run with, every knob expanded: {"dispatcher": {...}, "planner": {...}}.
+    """The policies the services run with, every knob expanded: {"dispatcher": {...}, "planner": {...},
+    "oracle": {...}}.
 
     JSON-ready (enums as their values). Raises pydantic's ValidationError on a bad knob; `load_cluster` turns that
     into a ConfigError with the YAML path."""
-    return {section: cls(**getattr(cluster, section)).model_dump(mode="json")
-            for section, cls in _policy_classes().items()}
+    from dataclasses import asdict
+
+    from oracle.core.policy import OraclePolicy
+
+    policies = {section: cls(**getattr(cluster, section)).model_dump(mode="json")
+                for section, cls in _policy_classes().items()}
+    return {**policies, "oracle": asdict(OraclePolicy.from_knobs(cluster.oracle))}
 
 
 def _policy_classes() -> dict[str, type]:
@@ -94,6 +101,12 @@ def load_cluster(path: Path | None, *, check_policies: bool = True) -> ClusterCo
                 raise ConfigError(f"{where}: {_describe(e, prefix=(section,), root=cls)}") from None
             except TypeError as e:  # a non-string key (e.g. `planner: {1: 2}`) cannot be a keyword argument
                 raise ConfigError(f"{where}: {section}: {e}") from None
+        from oracle.core.policy import OraclePolicy
+
+        try:
+            OraclePolicy.from_knobs(cluster.oracle)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: oracle: {' '.join(str(e).split())}") from None
     return cluster
 
 

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from contracts import (
@@ -59,11 +59,6 @@ log = logging.getLogger("janus.oracle")
 CPU_EFFICIENCY = Efficiency(mfu=0.5, mbu=0.05, step_overhead_ms=1.0, max_num_seqs=32)
 
 
-def _policy_from(knobs: dict) -> OraclePolicy:
-    names = {f.name for f in fields(OraclePolicy)}
-    return OraclePolicy(**{k: v for k, v in knobs.items() if k in names})
-
-
 class _RecordedRefits:
     """What BackgroundRefitter calls on the oracle, with each fit's outcome recorded per model and kind (the
     refitter itself counts only totals)."""
@@ -90,7 +85,7 @@ class OracleService(Service):
 
     def __init__(self, settings: JanusSettings, cluster: ClusterConfig) -> None:
         super().__init__(settings, cluster)
-        self.oracle = gp_oracle(policy=_policy_from(cluster.oracle))  # predictions read it directly
+        self.oracle = gp_oracle(policy=OraclePolicy.from_knobs(cluster.oracle))  # predictions read it directly
         self.shared = SharedOracle(self.oracle)  # samples and refits: shared with the refit thread, under a lock
         self.refitter: BackgroundRefitter | None = None
         self._replicas: dict[str, dict[str, set[str]]] = {}  # worker -> model -> serving instance ids

@@ -38,6 +38,7 @@ import numpy as np
 from oracle.core.dataset import TrainingSet
 from oracle.training_files import load_training_set
 from oracle.core.oracle import Oracle, calibrated_profile
+from oracle.core.policy import OraclePolicy
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.harness import HarnessSettings
 from oracle.profile.run import (
@@ -266,14 +267,14 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
 
 
 def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
-                   elastic: ElasticPolicy | None = None) -> Oracle:
+                   elastic: ElasticPolicy | None = None, policy: OraclePolicy | None = None) -> Oracle:
     """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
     fitted efficiencies) as the fallback and the group's two GPs, the apps of a group learning together (one pool of
     samples, `Oracle.share`: online, each refit learns from all their windows). `elastic`: the scaler policy whose
-    layout was profiled (default: the live default)."""
+    layout was profiled (default: the live default); `policy`: the oracle's knobs (default: the live default)."""
     from oracle.gp import gp_oracle
 
-    oracle = gp_oracle()
+    oracle = gp_oracle(policy=policy)
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)
         profile = calibrated_profile(training_set, group.ttft_slo_s * 1e3, group.tpot_slo_s * 1e3)

@@ -27,6 +27,14 @@ def janus_policies(policy: dict | None = None) -> tuple:
     return PlannerPolicy(**policy.get("planner", {})), DispatchPolicy(**policy.get("dispatcher", {}))
 
 
+def oracle_policy(policy: dict | None = None):
+    """The OraclePolicy of the simulated Janus's oracle: `policy`'s "oracle" section (as `janus config` prints it),
+    else the live default, the knobs the oracle service reads from the same YAML."""
+    from oracle.core.policy import OraclePolicy
+
+    return OraclePolicy.from_knobs((policy or {}).get("oracle", {}))
+
+
 def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-oracle",
              oracle: str = "clairvoyant", refit_wall_s: float | None = None) \
         -> dict[str, Callable[[], ControlPlane]]:
@@ -37,11 +45,13 @@ def _systems(policy: dict | None = None, oracle_cache_dir: str = "artifacts/sim-
     from .systems.static import StaticPartition
 
     planner, dispatch = janus_policies(policy)
+    knobs = oracle_policy(policy)
     no_resume = planner.model_copy(update={"reconciler": planner.reconciler.model_copy(
         update={"resumes_draining": False})})
     def janus(mode: str, name: str | None = None, oracle: str = oracle, planner_policy=planner):
         return lambda: JanusControl(mode, planner_policy, dispatch, name=name, oracle=oracle,
-                                    oracle_cache_dir=oracle_cache_dir, refit_wall_s=refit_wall_s)
+                                    oracle_cache_dir=oracle_cache_dir, refit_wall_s=refit_wall_s,
+                                    oracle_policy=knobs)
 
     return {
         "janus": janus("both"),

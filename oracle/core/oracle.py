@@ -372,8 +372,9 @@ class Oracle:
         the per-replica share of the load. False when the window is not learnt: no replica, fewer requests than
         `min_telemetry_requests`, a replica count that changed less than `telemetry_settle_windows` window lengths
         before the window began, less than `telemetry_spacing_windows` window lengths after the model's last learnt
-        window, or nothing to learn (no attainment, no needs)."""
-        if window.num_requests < self.policy.min_telemetry_requests or num_replicas < 1:
+        window, or nothing to learn (no attainment, no needs); always False when the policy does not `learns_online`."""
+        if not self.policy.learns_online or window.num_requests < self.policy.min_telemetry_requests \
+                or num_replicas < 1:
             return False
         window_ms = window.window_s * 1e3
         if replicas_since_ms is not None and \

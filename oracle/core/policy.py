@@ -1,8 +1,8 @@
 """The oracle's knobs (frozen; defaults as the design says)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import ClassVar, Literal
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,9 @@ class OraclePolicy:
     # Elasticity GP prior mean: a logistic knee in the load per replica (the GP models the residual), or constant
     elasticity_mean: Literal["logistic", "constant"] = "logistic"
     logit_clip: float = 0.001  # attainment clipped to [clip, 1 - clip] before a logit
+    # Telemetry windows become training samples and due models refit (the live service and the simulated Janus
+    # alike); off: the oracle answers from its profiles only, as fitted at start (`observe` learns nothing)
+    learns_online: bool = True
     refit_min_new_samples: int = 16  # a model refits once it has this many samples the fit has not seen...
     refit_min_interval_s: float = 30.0  # ...and its last refit is at least this old
     max_samples_per_model: int = 5000  # online samples beyond this: the oldest telemetry goes first
@@ -40,6 +43,23 @@ class OraclePolicy:
     # load per replica but not what a prompt 3x longer than any it saw does to the time to first token (docs/oracle.md,
     # "Past the profiled lengths"). 0 turns the cap off.
     length_extrapolation_factor: float = 1.25
+
+    # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
+    SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})
+
+    @classmethod
+    def from_knobs(cls, knobs: dict) -> "OraclePolicy":
+        """The policy of the cluster YAML's `oracle` section (its service settings left out); ValueError naming an
+        unknown key or a bad value."""
+        import difflib
+
+        names = {f.name for f in fields(cls)}
+        for key in knobs:
+            if key not in names and key not in cls.SERVICE_KEYS:
+                close = difflib.get_close_matches(str(key), sorted(names | cls.SERVICE_KEYS), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"{key!r} is not an oracle knob{hint}")
+        return cls(**{k: v for k, v in knobs.items() if k in names})
 
     def __post_init__(self) -> None:
         if self.max_grid_replicas < 1 or self.max_train_points < 8 or self.num_train_iters < 1:

@@ -5,11 +5,14 @@ simulated fleet (systems/fleet.py) carries out the reconciler's commands. What a
 planner/core or dispatcher/core, never here (docs/sim.md, "One control plane")."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from contracts import LoadFeatures, ModelLoadWindow, ModelState
 from dispatcher.core import DispatchPolicy
 from oracle.core.drift import DriftTracker
 from oracle.core.intake import WindowIntake
 from oracle.core.oracle import ModelProfile, Oracle
+from oracle.core.policy import OraclePolicy
 from oracle.core.replicas import ReplicaCounts
 from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
                           elastic_budget_devices, elastic_models_of, in_flight_by_model, plan_decision,
@@ -77,7 +80,8 @@ class JanusControl(ControlPlane):
 
     def __init__(self, mode: str = "both", planner_policy: PlannerPolicy | None = None,
                  dispatch: DispatchPolicy | None = None, name: str | None = None, oracle: str = "clairvoyant",
-                 oracle_cache_dir: str = "artifacts/sim-oracle", refit_wall_s: float | None = None):
+                 oracle_cache_dir: str = "artifacts/sim-oracle", refit_wall_s: float | None = None,
+                 oracle_policy: OraclePolicy | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         if oracle not in ORACLES:
@@ -88,6 +92,7 @@ class JanusControl(ControlPlane):
         self.oracle_kind = oracle
         self.oracle_cache_dir = oracle_cache_dir
         self.refit_wall_s = refit_wall_s  # None: each online refit serves after its measured wall time
+        self.oracle_policy = oracle_policy or OraclePolicy()  # the YAML's `oracle` knobs, as the service reads them
         self.name = name or MODES[mode]
         self.planner_policy = ablation_policy(mode, planner_policy or PlannerPolicy())
         self._dispatch = dispatch or DispatchPolicy()
@@ -103,7 +108,7 @@ class JanusControl(ControlPlane):
     def policies(self) -> dict:
         """The policies this system runs with, in the shape `janus config` prints them."""
         return {"dispatcher": self._dispatch.model_dump(mode="json"),
-                "planner": self.planner_policy.model_dump(mode="json")}
+                "planner": self.planner_policy.model_dump(mode="json"), "oracle": asdict(self.oracle_policy)}
 
     def install(self, run: SystemRun) -> None:
         p = self.planner_policy
@@ -153,7 +158,8 @@ class JanusControl(ControlPlane):
 
             from ..oracle_training import learned_oracle
 
-            oracle = learned_oracle(run.scenario, Path(self.oracle_cache_dir), elastic=self.planner_policy.elastic)
+            oracle = learned_oracle(run.scenario, Path(self.oracle_cache_dir), elastic=self.planner_policy.elastic,
+                                    policy=self.oracle_policy)
             # it learns online as the live oracle service does: the windows' token-level attainment (the workers'
             # outcomes) against the replicas serving, refits as its policy makes them due (`_learn`)
             self.learner = oracle

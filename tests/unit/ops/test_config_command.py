@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from dispatcher.core.policy import DispatchPolicy
 from ops.cli import main
 from ops.effective import ConfigError, effective_config, effective_policies, load_cluster
+from oracle.core.policy import OraclePolicy
 from planner.core.policy import PlannerPolicy
 from runtime.settings import ClusterConfig
 
@@ -62,7 +64,7 @@ def _assert_one_line_error(rc: int, out: str, err: str, *needles: str) -> None:
 def test_effective_policies_are_the_policies_the_services_build():
     cluster = ClusterConfig(planner={"elastic": {"period_s": 0.25}}, dispatcher={"algorithm": "round_robin"})
     got = effective_policies(cluster)
-    assert set(got) == {"dispatcher", "planner"}
+    assert set(got) == {"dispatcher", "planner", "oracle"}
     assert got["dispatcher"] == DispatchPolicy(**cluster.dispatcher).model_dump(mode="json")
     assert got["planner"] == PlannerPolicy(**cluster.planner).model_dump(mode="json")
     assert got["dispatcher"]["algorithm"] == "round_robin"  # enums as their JSON values
@@ -70,8 +72,19 @@ def test_effective_policies_are_the_policies_the_services_build():
     json.dumps(got)  # JSON-ready as is
 
 
+def test_the_oracle_section_is_the_policy_the_oracle_service_builds():
+    cluster = ClusterConfig(oracle={"learns_online": False, "refit_min_interval_s": 5.0, "drift_windows": 20})
+    got = effective_policies(cluster)["oracle"]
+    assert got == asdict(OraclePolicy.from_knobs(cluster.oracle))
+    assert got["learns_online"] is False and got["refit_min_interval_s"] == 5.0
+    assert "drift_windows" not in got  # the service's own setting, not a policy knob
+    assert {k: v for k, v in got.items() if k not in ("learns_online", "refit_min_interval_s")} == \
+        {k: v for k, v in asdict(OraclePolicy()).items() if k not in ("learns_online", "refit_min_interval_s")}
+
+
 def test_effective_policies_of_the_defaults_expand_every_knob():
     got = effective_policies(ClusterConfig())
+    assert set(got["oracle"]) == {f.name for f in fields(OraclePolicy)}
     assert set(got["dispatcher"]) == set(DispatchPolicy.model_fields)
     assert set(got["planner"]) == set(PlannerPolicy.model_fields)
     for section in ("steady", "pool", "elastic", "reconciler"):
@@ -168,6 +181,15 @@ def test_an_unknown_policy_key_names_its_path(tmp_path, capsys):
     path = _write(tmp_path, "planner: {steady: {perod_s: 3}}\n", "nested.yaml")
     rc, out, err = _run(capsys, "--config", str(path))
     _assert_one_line_error(rc, out, err, "planner.steady.perod_s: Extra inputs are not permitted")
+
+
+def test_an_unknown_or_bad_oracle_knob_names_its_section(tmp_path, capsys):
+    path = _write(tmp_path, "oracle: {refit_min_new_sample: 3}\n")
+    rc, out, err = _run(capsys, "--config", str(path))
+    _assert_one_line_error(rc, out, err, str(path), "oracle: 'refit_min_new_sample' is not an oracle knob "
+                                                    "(did you mean 'refit_min_new_samples'?)")
+    rc, out, err = _run(capsys, "--config", str(_write(tmp_path, "oracle: {logit_clip: 0.7}\n", "clip.yaml")))
+    _assert_one_line_error(rc, out, err, "oracle: OraclePolicy: 0 < logit_clip < 0.5")
 
 
 def test_a_policy_cross_check_names_its_section(tmp_path, capsys):

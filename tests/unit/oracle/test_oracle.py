@@ -136,6 +136,18 @@ def test_observe_keeps_windows_with_something_to_learn(profile):
     assert cap.features.token_rate_tps == pytest.approx(500.0)  # one replica's share
 
 
+def test_an_oracle_that_does_not_learn_online_keeps_its_profiles_only(profile):
+    learning = gp_oracle({"qwen": profile}, policy=FAST)
+    frozen = gp_oracle({"qwen": profile}, policy=dataclasses.replace(FAST, learns_online=False))
+    for end_ms in (200_000.0, 210_000.0):
+        assert learning.observe(window("qwen", 1000.0, end_ms=end_ms), 2,
+                                needs_per_replica=NeedVector(hbm=0.2, compute=0.1, bandwidth=0.1))
+        assert not frozen.observe(window("qwen", 1000.0, end_ms=end_ms), 2,
+                                  needs_per_replica=NeedVector(hbm=0.2, compute=0.1, bandwidth=0.1))
+    assert learning.num_samples("qwen") == {"capacity": 2, "elasticity": 2}
+    assert frozen.num_samples("qwen") == {"capacity": 0, "elasticity": 0} and frozen.due_for_refit(1e9) == []
+
+
 def test_telemetry_is_learnt_one_window_length_apart_and_from_enough_requests(profile):
     oracle = gp_oracle({"qwen": profile}, policy=FAST)
     assert not oracle.observe(window("qwen", 1000.0, num_requests=19), 1)  # a label of too few requests

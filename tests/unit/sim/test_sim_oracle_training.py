@@ -178,3 +178,22 @@ def test_with_a_fixed_refit_wall_time_two_runs_of_the_same_learned_janus_are_the
     assert refits >= 1 and refits == refits_again
     assert first.token_attainment == second.token_attainment and first.device_hours == second.device_hours
     assert len(plans) > 10 and plans == plans_again
+
+
+def test_the_yaml_oracle_section_reaches_the_simulated_oracle_as_it_reaches_the_service(tmp_path, monkeypatch):
+    """`janus sim --config` with `oracle: {learns_online: false}`: the simulated Janus's learned oracle takes the
+    knob the oracle service takes from the same YAML (ops.effective), and learns nothing online."""
+    from ops.effective import effective_policies
+    from runtime.settings import ClusterConfig
+    from sim.runner import _systems
+    from sim.systems.base import SystemRun
+
+    busy = _learning_online(monkeypatch)
+    policy = effective_policies(ClusterConfig(oracle={"learns_online": False}))
+    control = _systems(policy, oracle_cache_dir=str(tmp_path), oracle="learned")["janus"]()
+    assert control.oracle_policy.learns_online is False
+    profiled = {g.name: len(profile_group(busy, g, tmp_path, SMALL_PLAN).elasticity) for g in groups_of(busy)}
+    result = SystemRun(busy, control).run()
+    assert control.learner.policy.learns_online is False
+    assert {g: control.learner.num_samples(g)["elasticity"] for g in profiled} == profiled  # profiles only
+    assert control.num_refits == 0 and result.counters.get("oracle_refits", 0) == 0
