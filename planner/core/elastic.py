@@ -45,14 +45,17 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
 
 
 def shrink_prefill_first(before: PD, after: PD) -> PD:
-    """`after`'s count of instances, taking a shrink from `before` out of its prefill instances first: as many decode
-    instances as before (at least one prefill instance left), the rest prefill. An unchanged count keeps `before`'s
-    split (while the budget binds, a shrink is not undone a tick later by draining a decode instance after all). A
-    model that grows, or that was or becomes colocated, keeps `after`."""
+    """`after`'s count of instances, taking this plan's shrink from `before` out of its prefill instances first: the
+    decode instances `after` would drop for the shrink are kept (never more than before, at least one prefill
+    instance left), the rest prefill. The skew is the shrink's alone and does not carry over: at an unchanged count
+    the split is `after`'s again. Held for as long as the budget binds, the skew adds up over a peak's many shrinks,
+    down to one prefill instance (it cost seed 2 of the headline 0.003 attainment, docs/bench/sim.md run 42). A model
+    that grows, or that was or becomes colocated, keeps `after`."""
     total = num_devices(after)
-    if before[1] == 0 or after[1] == 0 or total > num_devices(before):
+    shrink = num_devices(before) - total
+    if before[1] == 0 or after[1] == 0 or shrink < 0:
         return after
-    num_decode = min(before[1], total - 1)
+    num_decode = min(before[1], after[1] + shrink, total - 1)
     return (total - num_decode, num_decode)
 
 

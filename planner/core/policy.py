@@ -139,11 +139,11 @@ class ElasticPolicy(_Policy):
     # A decode instance being removed holds its device until its longest sequence ends (14 s on the ablation's hot
     # model), a prefill instance frees it at once. When the budget takes devices from a disaggregated model for
     # another, the shrink comes out of its prefill instances first, so the other model's new instances find free
-    # devices at once; the split returns to proportion once the budget no longer binds (docs/sim.md, "Where the
-    # recovery's seconds go").
+    # devices at once; the next plan at the same count splits in proportion again (docs/sim.md, "Where the
+    # recovery's seconds go"; held while the budget bound, the skew starved prefill over a peak: bench/sim.md run 42).
     is_budget_shrink_prefill_first: bool = Field(
-        default=True, description="a disaggregated model scaled down by the budget keeps its decode instances and "
-        "gives up prefill instances first (they free their devices at once)"
+        default=True, description="a disaggregated model scaled down by the budget keeps the decode instances that "
+        "shrink would drain and gives up prefill instances first (they free their devices at once)"
     )
 
 

@@ -173,10 +173,25 @@ def test_shrink_prefill_first_keeps_the_decode_instances():
     assert shrink_prefill_first((7, 3), (6, 2)) == (5, 3)  # two fewer: both from prefill
     assert shrink_prefill_first((7, 3), (3, 1)) == (1, 3)  # at least one prefill instance stays
     assert shrink_prefill_first((2, 2), (2, 1)) == (1, 2)
-    assert shrink_prefill_first((5, 3), (6, 2)) == (5, 3)  # the same count: the split that runs stays
+    assert shrink_prefill_first((5, 3), (6, 2)) == (6, 2)  # the same count: the skew does not carry over
+    assert shrink_prefill_first((5, 5), (6, 3)) == (5, 4)  # one fewer: one decode instance kept, not all
     assert shrink_prefill_first((5, 3), (7, 3)) == (7, 3)  # a model that grows takes the proportional split
     assert shrink_prefill_first((3, 0), (1, 1)) == (1, 1)  # colocated before, or after: nothing to keep
     assert shrink_prefill_first((7, 3), (2, 0)) == (2, 0)
+
+
+def test_a_long_budget_bind_does_not_starve_prefill():
+    """A peak the budget binds through: the model loses one instance a plan, the proportional split 70/30. Each
+    plan's skew is its own shrink's, so prefill never falls more than that shrink below proportion (kept for as long
+    as the budget bound, the skew added up to one prefill instance beside three decode ones)."""
+    from planner.core.elastic import shrink_prefill_first
+
+    applied = (7, 3)
+    for total in range(9, 3, -1):
+        proportional = (total - round(0.3 * total), round(0.3 * total))
+        applied = shrink_prefill_first(applied, proportional)
+        assert sum(applied) == total and applied[0] >= proportional[0] - 1 >= 1
+    assert applied == (2, 2)  # at 4 instances, proportion (3, 1), one decode instance kept for the last shrink
 
 
 def test_a_model_the_budget_shrinks_gives_up_prefill_instances_first():
@@ -200,5 +215,5 @@ def test_a_model_the_budget_shrinks_gives_up_prefill_instances_first():
     shrunk = proportional[1]
     assert sum(shrunk) < 10 and shrunk[1] < start[1], "the proportional split drains a decode instance"
     assert sum(prefill_first[1]) == sum(shrunk) and prefill_first[1][1] == start[1], "prefill first: decode kept"
-    assert prefill_first[2] == prefill_first[1], "and kept while the budget binds"
+    assert prefill_first[2] == proportional[2], "the next plan at the same count: the proportional split again"
     assert ElasticPolicy().is_budget_shrink_prefill_first
