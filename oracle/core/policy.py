@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args, get_type_hints
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class OraclePolicy:
                 close = difflib.get_close_matches(str(key), sorted(names | cls.SERVICE_KEYS), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"{key!r} is not an oracle knob{hint}")
+        hints = get_type_hints(cls)
+        for key, value in knobs.items():
+            if key in names:
+                _check_type(key, value, hints[key])
         return cls(**{k: v for k, v in knobs.items() if k in names})
 
     def __post_init__(self) -> None:
@@ -77,3 +81,16 @@ class OraclePolicy:
                              "min_telemetry_requests >= 1")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")
+
+
+def _check_type(key: str, value: Any, hint: Any) -> None:
+    """ValueError unless `value` is of the knob's type: a dataclass does not validate, and a YAML `"no"` would
+    otherwise switch a bool knob on (an int passes as a float; a bool is never a number)."""
+    choices = get_args(hint)
+    if choices:  # a Literal
+        if value not in choices:
+            raise ValueError(f"{key}: one of {', '.join(map(repr, choices))}, got {value!r}")
+        return
+    accepted = {bool: (bool,), int: (int,), float: (int, float)}.get(hint, (hint,))
+    if not isinstance(value, accepted) or (hint is not bool and isinstance(value, bool)):
+        raise ValueError(f"{key}: expected {hint.__name__}, got {value!r}")

@@ -192,6 +192,21 @@ def test_an_unknown_or_bad_oracle_knob_names_its_section(tmp_path, capsys):
     _assert_one_line_error(rc, out, err, "oracle: OraclePolicy: 0 < logit_clip < 0.5")
 
 
+@pytest.mark.parametrize(("knob", "expected"), [
+    ('learns_online: "no"', "oracle: learns_online: expected bool, got 'no'"),  # a dataclass would take it as true
+    ("num_train_iters: 2.5", "oracle: num_train_iters: expected int, got 2.5"),
+    ("refit_min_interval_s: true", "oracle: refit_min_interval_s: expected float, got True"),
+    ("attainment_target: probit", "oracle: attainment_target: one of 'identity', 'logit', got 'probit'"),
+])
+def test_an_oracle_knob_of_the_wrong_type_is_refused(tmp_path, capsys, knob, expected):
+    rc, out, err = _run(capsys, "--config", str(_write(tmp_path, f"oracle: {{{knob}}}\n")))
+    _assert_one_line_error(rc, out, err, expected)
+
+
+def test_an_int_is_a_float_oracle_knob():
+    assert OraclePolicy.from_knobs({"refit_min_interval_s": 5}).refit_min_interval_s == 5
+
+
 def test_a_policy_cross_check_names_its_section(tmp_path, capsys):
     path = _write(tmp_path, "planner: {pool: {large_need_enter: 0.2, large_need_exit: 0.4}}\n")
     rc, out, err = _run(capsys, "--config", str(path))
