@@ -39,6 +39,12 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    points: list[Point]
+    device: object  # this CPU (DeviceSpec) as an EngineLikeProbe sampled it between the steps measured
+
+
+@dataclass(frozen=True)
 class Calibration:
     points: list[Point]  # held-out points, with predictions
     fit_points: list[Point]
@@ -81,12 +87,15 @@ def _run_until_idle(engine) -> list[tuple[object, float]]:
 
 
 def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048),
-            decode_batches=(1, 2, 4, 8, 16, 32, 64), decode_prompt=128, repeats=5, seed=0) -> list[Point]:
+            decode_batches=(1, 2, 4, 8, 16, 32, 64), decode_prompt=128, repeats=5, seed=0) -> Measurement:
     """The fastest of `repeats` runs of each size, as the device's speeds are taken: on a shared machine other jobs
-    only ever add time (caches, memory bandwidth), so the minimum is the step's own cost."""
+    only ever add time (caches, memory bandwidth), so the minimum is the step's own cost. The device is sampled
+    after every step measured, so the steps and the device see the same stretches of contention."""
     from contracts import SamplingParams
+    from oracle.cpu_device import calibrate_cpu
 
     engine = _engine(model_dir)
+    probe = EngineLikeProbe(read_bytes=_weights_bytes(model_dir))
     vocab = engine.model_config.vocab_size
     rng = np.random.default_rng(seed)
     greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -104,6 +113,7 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
             engine.add_request(f"p{counter}", rng.integers(10, vocab, n).tolist(), greedy)
             steps = _run_until_idle(engine)
             prefill_ms[n].append(sum(ms for s, ms in steps if s.num_prefill_tokens))
+            probe.sample()
     points += [Point("prefill", n, 0, float(np.min(times))) for n, times in prefill_ms.items()]
     num_decode_steps = 8
     sampling = SamplingParams(max_tokens=num_decode_steps + 1, temperature=0.0, ignore_eos=True)
@@ -117,41 +127,73 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
             decode = [ms for s, ms in steps if s.num_decode_tokens == b and not s.num_prefill_tokens]
             if decode:
                 decode_ms[b].append(float(np.median(decode)))
+            probe.sample()
     points += [Point("decode", b, b * (decode_prompt + num_decode_steps // 2), float(np.min(times)))
                for b, times in decode_ms.items() if times]
-    return points
+    return Measurement(points, probe.device(calibrate_cpu(num_bytes=16 * 2**20, repeats=1)))
 
 
-def engine_like_cpu(base, matmul_dim: int = 512, copy_bytes: int = 64 * 2**20, repeats: int = 5):
-    """`base` (from `calibrate_cpu`) with its compute and memory speeds measured as the engine steps are: torch on
-    one thread, timed by the thread's own CPU time. A wall clock (and a multi-threaded BLAS) on a shared machine
-    counts other jobs' time, and the fitted efficiencies cannot exceed 1 to make up for a device measured slow."""
-    import time
+def _weights_bytes(model_dir: Path) -> int:
+    """What one step reads of its weights: the checkpoint's tensors (on this CPU a small checkpoint stays in the
+    last-level cache between steps, and a read of another size would measure another memory)."""
+    return max(2**20, sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
 
-    import torch
 
-    torch.set_num_threads(1)
+class EngineLikeProbe:
+    """This CPU's compute and memory speeds measured as the engine steps are: torch on one thread, timed by the
+    thread's own CPU time. A wall clock (and a multi-threaded BLAS) on a shared machine counts other jobs' time, and
+    the fitted efficiencies cannot exceed 1 to make up for a device measured slow.
 
-    def thread_timed(fn) -> float:
-        start = time.thread_time()
-        fn()
-        return time.thread_time() - start
+    Memory speed is a read stream (a sum) of the weights' size, as a step reads its weights: a copy also writes, and
+    rated this CPU 4x slower than its matrix-vector products read (7 against 28 GB/s), which pinned the fitted mbu
+    at 1. `sample` is
+    called between the measuring rounds of the steps, so a stretch of contention slows some samples of each and the
+    fastest sample of each is a quiet one, as the fastest step is."""
 
-    a = torch.randn(matmul_dim, matmul_dim)
-    a @ a
-    matmul_s = min(thread_timed(lambda: a @ a) for _ in range(repeats))
-    src = torch.ones(copy_bytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    copy_s = min(thread_timed(lambda: dst.copy_(src)) for _ in range(repeats))
-    copy_bytes_per_s = copy_bytes / copy_s
-    return replace(base, peak_bf16_flops_per_s=2.0 * matmul_dim**3 / matmul_s, hbm_bytes_per_s=copy_bytes_per_s,
-                   local_copy_bytes_per_s=copy_bytes_per_s,
-                   source=f"{base.source}; compute and copy by torch on one thread, thread CPU time")
+    def __init__(self, matmul_dim: int = 512, read_bytes: int = 64 * 2**20):
+        import torch
+
+        torch.set_num_threads(1)
+        self._matmul_dim, self._read_bytes = matmul_dim, read_bytes
+        self._a = torch.randn(matmul_dim, matmul_dim)
+        self._src = torch.ones(read_bytes // 4)
+        self._a @ self._a  # warm the kernels before timing
+        self._src.sum()
+        self.best_matmul_s = self.best_read_s = float("inf")
+
+    def sample(self, repeats: int = 1) -> None:
+        import time
+
+        def thread_timed(fn) -> float:
+            start = time.thread_time()
+            fn()
+            return time.thread_time() - start
+
+        for _ in range(repeats):
+            self.best_matmul_s = min(self.best_matmul_s, thread_timed(lambda: self._a @ self._a))
+            self.best_read_s = min(self.best_read_s, thread_timed(lambda: self._src.sum()))
+
+    def device(self, base):
+        """`base` (from `calibrate_cpu`) with the fastest compute and read speeds sampled."""
+        if self.best_matmul_s == float("inf"):
+            raise ValueError("EngineLikeProbe.device: call sample() first")
+        read_bytes_per_s = self._read_bytes / self.best_read_s
+        return replace(base, peak_bf16_flops_per_s=2.0 * self._matmul_dim**3 / self.best_matmul_s,
+                       hbm_bytes_per_s=read_bytes_per_s, local_copy_bytes_per_s=read_bytes_per_s,
+                       source=f"{base.source}; compute and read by torch on one thread, thread CPU time")
+
+
+def engine_like_cpu(base, repeats: int = 5):
+    """`base` with its compute and memory speeds measured back to back by an `EngineLikeProbe`."""
+    probe = EngineLikeProbe()
+    probe.sample(repeats)
+    return probe.device(base)
 
 
 def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -> Calibration:
-    """Fit the efficiencies on every other point of each kind, predict the rest with the simulator's StepCost."""
+    """Fit the efficiencies on every other point of each kind, predict the rest with the simulator's StepCost.
+    Without points, `measure` takes them and the device; without a device, it is measured now, apart from the
+    steps (pass `Measurement.device` to measure both in the same rounds)."""
     from oracle.cpu_device import calibrate_cpu
     from oracle.profile.calibrate import StepSample, fit_efficiency
     from oracle.roofline import Efficiency, RooflineModel
@@ -161,7 +203,9 @@ def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -
 
     import json
 
-    points = points if points is not None else measure(model_dir)
+    if points is None:
+        measured = measure(model_dir)
+        points, device = measured.points, device or measured.device
     config = json.loads((Path(model_dir) / "config.json").read_text())
     shape = ModelShape.from_hf_config(config, name=Path(model_dir).name, bytes_per_param=4.0)
     shape = replace(shape, kv_bytes_per_element=4)  # the engine runs float32 here
@@ -194,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.engine.demo import make_demo_models
 
     model_dir = make_demo_models(args.models_root, [args.model])[args.model]
-    result = calibrate(model_dir, measure(model_dir, repeats=args.repeats))
+    measured = measure(model_dir, repeats=args.repeats)
+    result = calibrate(model_dir, measured.points, device=measured.device)
     e = result.efficiency
     print(f"device {result.device.name}: {result.device.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s, "
           f"{result.device.hbm_bytes_per_s / 1e9:.1f} GB/s; fitted mfu={e.mfu:.3g} mbu={e.mbu:.3g} "

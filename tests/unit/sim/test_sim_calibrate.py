@@ -14,10 +14,10 @@ def model_dir(tmp_path_factory):
 
 
 def test_cost_model_predicts_held_out_engine_steps(model_dir):
-    points = measure(model_dir, prefill_lengths=(32, 64, 128, 256, 512, 1024), decode_batches=(1, 2, 4, 8, 16, 32),
-                     repeats=5)
-    assert {p.kind for p in points} == {"prefill", "decode"}
-    result = calibrate(model_dir, points)
+    measured = measure(model_dir, prefill_lengths=(32, 64, 128, 256, 512, 1024), decode_batches=(1, 2, 4, 8, 16, 32),
+                       repeats=5)
+    assert {p.kind for p in measured.points} == {"prefill", "decode"}
+    result = calibrate(model_dir, measured.points, device=measured.device)
     for kind in ("prefill", "decode"):
         assert result.median_error(kind) <= ERROR_BOUND[kind], [(p.kind, p.size, p.measured_ms, p.predicted_ms)
                                                                 for p in result.points]
