@@ -26,6 +26,16 @@ class PoolPolicy(_Policy):
     volatility_window_s: float = Field(default=120.0, gt=0, description="trailing history the volatility looks at")
     min_num_windows: int = Field(default=8, ge=2, description="no volatility verdict on less history than this")
     calm_hold_s: float = Field(default=300.0, ge=0, description="calm this long before returning to steady")
+    # Off by default: on the headline it gave every bursty app an instance at its bursts (the clairvoyant Janus's
+    # worst app 0.952 / 0.824 / 0.934 -> 0.966 / 0.952 / 0.967 on seeds 0-2, attainment and device-hours within
+    # 1 %), but the learned Janus lost as much as it won: an idle model handed back holds a shared device where the
+    # keep-alive held one of its own, and a burst at a full fleet then waits for an elastic device (seed 0's worst
+    # app 0.951 -> 0.815; seed 2's 0.806 -> 0.942, attainment 0.9897 -> 0.9868): docs/bench/sim.md run 44. 30 s,
+    # with the steady planner's 30 s period, hands an idle model back before the elastic keep-alive (60 s) parks it
+    # at zero (keep idle_return_s + steady.period_s <= elastic.keepalive_s).
+    idle_return_s: float | None = Field(default=None, ge=0, description="a small model (below large_need_exit) "
+                                        "with no request for this long returns to the steady pool at once, and is "
+                                        "not sent to the elastic pool for its volatility (None: off)")
 
     @model_validator(mode="after")
     def _exit_below_enter(self) -> "PoolPolicy":

@@ -1,5 +1,7 @@
 """Pool assignment: models with large or volatile traffic go to the elastic pool up front; they come back to the
-steady pool only after they have been calm for a while (hysteresis).
+steady pool only after they have been calm for a while (hysteresis), or, with `idle_return_s` set, at once when a
+small one is idle (parked at zero in the elastic pool, its next request would wait for a start; in the steady pool it
+shares a device).
 
 Large: the conservative need bound (mean + k*sigma) takes more than `large_need_enter` of a device in some dimension;
 such a model cannot share a device usefully. Volatile: the request rate's coefficient of variation over the trailing
@@ -35,6 +37,7 @@ class _ModelState:
     calm_since_ms: float | None = None
     # (end_unix_ms, rate_rps, window_s)
     history: deque[tuple[float, float, float]] | None = None
+    last_busy_ms: float | None = None  # end of the last window that saw a request
 
 
 def excess_cv(samples: Iterable[tuple[float, float]]) -> float:
@@ -63,6 +66,8 @@ class PoolAssigner:
         if st.history is None:
             st.history = deque()
         st.history.append((window.end_unix_ms, window.request_rate_rps, window.window_s))
+        if window.request_rate_rps > 0:
+            st.last_busy_ms = max(st.last_busy_ms or window.end_unix_ms, window.end_unix_ms)
         horizon_ms = window.end_unix_ms - self.policy.volatility_window_s * 1000.0
         while st.history and st.history[0][0] < horizon_ms:
             st.history.popleft()
@@ -94,7 +99,12 @@ class PoolAssigner:
             st = self._models.setdefault(model, _ModelState())
             before = st.pool
             is_large = need >= p.large_need_enter
-            is_volatile = vol is not None and vol >= p.volatility_enter
+            # An idle model's volatility is its last burst's: it has nothing to serve, and parked in the elastic pool
+            # (zero instances) its next request waits for a start. In the steady pool it keeps an instance that
+            # shares a device, and goes elastic again when traffic comes back volatile.
+            is_idle = (p.idle_return_s is not None and st.last_busy_ms is not None
+                       and now_ms - st.last_busy_ms >= p.idle_return_s * 1000.0)
+            is_volatile = vol is not None and vol >= p.volatility_enter and not is_idle
             if st.pool != Pool.ELASTIC:
                 if is_large or is_volatile:
                     st.pool, st.calm_since_ms = Pool.ELASTIC, None
@@ -105,7 +115,12 @@ class PoolAssigner:
             else:
                 is_still_large = need >= p.large_need_exit
                 is_still_volatile = vol is not None and vol >= p.volatility_exit
-                if is_still_large or is_still_volatile:
+                if is_idle and not is_still_large:
+                    st.pool, st.calm_since_ms = Pool.STEADY, None
+                    idle_s = (now_ms - st.last_busy_ms) / 1000.0  # type: ignore[operator]
+                    reason = (f"idle for {idle_s:.0f} s >= {p.idle_return_s:g} s: back to steady at once "
+                              "(small: an instance there shares a device)")
+                elif is_still_large or is_still_volatile:
                     st.calm_since_ms = None
                     reason = "still " + _why(is_still_large, is_still_volatile, need, vol, p, is_exit=True)
                 else:

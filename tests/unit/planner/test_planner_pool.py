@@ -85,3 +85,54 @@ def test_a_burst_during_the_calm_hold_restarts_it():
 def test_policy_refuses_exit_above_enter():
     with pytest.raises(ValueError, match="flap"):
         PoolPolicy(large_need_enter=0.4, large_need_exit=0.5)
+
+
+BURSTS = [0.0, 0.0, 30.0, 0.0, 25.0, 0.0, 0.0, 40.0, 0.0, 0.0]  # a bursty small model: volatile
+
+
+def test_an_idle_small_model_returns_to_steady_before_the_calm_hold():
+    # parked in the elastic pool it would have no instance when its next burst comes; idle in the steady pool it
+    # keeps one that shares a device
+    policy = POLICY.model_copy(update={"calm_hold_s": 300.0, "idle_return_s": 30.0})
+    pa = PoolAssigner(policy)
+    now = _feed(pa, "bursty", BURSTS)
+    assert pa.assign(now, {"bursty": 0.1})["bursty"].pool == Pool.ELASTIC
+    now = _feed(pa, "bursty", [0.0] * 10, start_ms=now)  # 12 s without a request: not idle yet, still volatile
+    assert pa.assign(now, {"bursty": 0.1})["bursty"].pool == Pool.ELASTIC
+    now = _feed(pa, "bursty", [0.0] * 25, start_ms=now)  # 37 s since the last window that saw one (40 rps)
+    v = pa.assign(now, {"bursty": 0.1})["bursty"]
+    assert v.pool == Pool.STEADY and v.is_changed and "idle for 37 s" in v.reason
+    # its volatility is still the bursts' (they are inside volatility_window_s), but an idle model is not sent back
+    assert v.volatility is not None and v.volatility >= policy.volatility_enter
+    now = _feed(pa, "bursty", [0.0] * 5, start_ms=now)
+    assert pa.assign(now, {"bursty": 0.1})["bursty"].pool == Pool.STEADY
+    # traffic comes back volatile: elastic again
+    now = _feed(pa, "bursty", [50.0, 0.0, 45.0], start_ms=now)
+    v = pa.assign(now, {"bursty": 0.1})["bursty"]
+    assert v.pool == Pool.ELASTIC and "volatile" in v.reason
+
+
+def test_an_idle_large_model_stays_elastic():
+    pa = PoolAssigner(POLICY.model_copy(update={"idle_return_s": 30.0}))
+    now = _feed(pa, "big", [5.0] * 8)
+    assert pa.assign(now, {"big": 0.8})["big"].pool == Pool.ELASTIC
+    now = _feed(pa, "big", [0.0] * 40, start_ms=now)
+    v = pa.assign(now, {"big": 0.4})["big"]  # at rest its need is still above large_need_exit
+    assert v.pool == Pool.ELASTIC and "large" in v.reason
+
+
+def test_idle_return_is_off_by_default():
+    pa = PoolAssigner(POLICY)
+    assert POLICY.idle_return_s is None
+    now = _feed(pa, "bursty", BURSTS)
+    assert pa.assign(now, {"bursty": 0.1})["bursty"].pool == Pool.ELASTIC
+    now = _feed(pa, "bursty", [0.0] * 50, start_ms=now)
+    v = pa.assign(now, {"bursty": 0.1})["bursty"]
+    assert v.pool == Pool.ELASTIC and "idle" not in v.reason
+
+
+def test_a_model_that_never_had_traffic_is_not_idle():
+    # no window ever saw a request: the rule has nothing to go on, and the hysteresis decides as before
+    pa = PoolAssigner(POLICY.model_copy(update={"idle_return_s": 1.0}))
+    assert pa.assign(0.0, {"m": 0.6})["m"].pool == Pool.ELASTIC
+    assert pa.assign(30_000.0, {"m": 0.2})["m"].pool == Pool.ELASTIC  # calm 30 s of calm_hold_s 60
