@@ -4,8 +4,8 @@ this machine.
 The engine (worker/engine LLMEngine) runs a demo checkpoint on this CPU, torch on one thread; we time isolated
 prefill steps over a range of prompt lengths and decode steps over a range of batch sizes by the CPU time of the
 thread that runs them (wall time on a CPU shared with other work measures the others too). The device is this CPU
-as `oracle.cpu_device.calibrate_cpu` measures it; the roofline's efficiencies
-(mfu, mbu, per-step overhead) are fitted by `oracle.profile.calibrate.fit_efficiency` on half of the points and the
+as `ops.engine_probe.EngineLikeProbe` measures it between the steps; the roofline's efficiencies (mfu, mbu, per-step
+overhead) are fitted by `oracle.profile.calibrate.fit_efficiency` on half of the points and the
 error is reported on the other half, so the figure is a prediction error, not a fit residual.
 
     python -m sim.calibrate --model demo-medium
@@ -93,6 +93,7 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
     after every step measured, so the steps and the device see the same stretches of contention."""
     from contracts import SamplingParams
     from oracle.cpu_device import calibrate_cpu
+    from ops.engine_probe import EngineLikeProbe
 
     engine = _engine(model_dir)
     probe = EngineLikeProbe(read_bytes=_weights_bytes(model_dir))
@@ -139,62 +140,12 @@ def _weights_bytes(model_dir: Path) -> int:
     return max(2**20, sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
 
 
-class EngineLikeProbe:
-    """This CPU's compute and memory speeds measured as the engine steps are: torch on one thread, timed by the
-    thread's own CPU time. A wall clock (and a multi-threaded BLAS) on a shared machine counts other jobs' time, and
-    the fitted efficiencies cannot exceed 1 to make up for a device measured slow.
-
-    Memory speed is a read stream (a sum) of the weights' size, as a step reads its weights: a copy also writes, and
-    rated this CPU 4x slower than its matrix-vector products read (7 against 28 GB/s), which pinned the fitted mbu
-    at 1. `sample` is
-    called between the measuring rounds of the steps, so a stretch of contention slows some samples of each and the
-    fastest sample of each is a quiet one, as the fastest step is."""
-
-    def __init__(self, matmul_dim: int = 512, read_bytes: int = 64 * 2**20):
-        import torch
-
-        torch.set_num_threads(1)
-        self._matmul_dim, self._read_bytes = matmul_dim, read_bytes
-        self._a = torch.randn(matmul_dim, matmul_dim)
-        self._src = torch.ones(read_bytes // 4)
-        self._a @ self._a  # warm the kernels before timing
-        self._src.sum()
-        self.best_matmul_s = self.best_read_s = float("inf")
-
-    def sample(self, repeats: int = 1) -> None:
-        import time
-
-        def thread_timed(fn) -> float:
-            start = time.thread_time()
-            fn()
-            return time.thread_time() - start
-
-        for _ in range(repeats):
-            self.best_matmul_s = min(self.best_matmul_s, thread_timed(lambda: self._a @ self._a))
-            self.best_read_s = min(self.best_read_s, thread_timed(lambda: self._src.sum()))
-
-    def device(self, base):
-        """`base` (from `calibrate_cpu`) with the fastest compute and read speeds sampled."""
-        if self.best_matmul_s == float("inf"):
-            raise ValueError("EngineLikeProbe.device: call sample() first")
-        read_bytes_per_s = self._read_bytes / self.best_read_s
-        return replace(base, peak_bf16_flops_per_s=2.0 * self._matmul_dim**3 / self.best_matmul_s,
-                       hbm_bytes_per_s=read_bytes_per_s, local_copy_bytes_per_s=read_bytes_per_s,
-                       source=f"{base.source}; compute and read by torch on one thread, thread CPU time")
-
-
-def engine_like_cpu(base, repeats: int = 5):
-    """`base` with its compute and memory speeds measured back to back by an `EngineLikeProbe`."""
-    probe = EngineLikeProbe()
-    probe.sample(repeats)
-    return probe.device(base)
-
-
 def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -> Calibration:
     """Fit the efficiencies on every other point of each kind, predict the rest with the simulator's StepCost.
     Without points, `measure` takes them and the device; without a device, it is measured now, apart from the
     steps (pass `Measurement.device` to measure both in the same rounds)."""
     from oracle.cpu_device import calibrate_cpu
+    from ops.engine_probe import engine_like_cpu
     from oracle.profile.calibrate import StepSample, fit_efficiency
     from oracle.roofline import Efficiency, RooflineModel
     from oracle.specs import ModelShape

@@ -67,7 +67,8 @@ class PoolAssigner:
             st.history = deque()
         st.history.append((window.end_unix_ms, window.request_rate_rps, window.window_s))
         if window.request_rate_rps > 0:
-            st.last_busy_ms = max(st.last_busy_ms or window.end_unix_ms, window.end_unix_ms)
+            st.last_busy_ms = window.end_unix_ms if st.last_busy_ms is None else max(st.last_busy_ms,
+                                                                                       window.end_unix_ms)
         horizon_ms = window.end_unix_ms - self.policy.volatility_window_s * 1000.0
         while st.history and st.history[0][0] < horizon_ms:
             st.history.popleft()
