@@ -161,8 +161,11 @@ def planner_layout(elastic: ElasticPolicy, measured: RooflineModel | None = None
 
 def _layout_key(elastic: ElasticPolicy) -> dict:
     """What the layout depends on (part of the cache key and the profile's meta)."""
-    return {"split": "planner.core.split_prefill_decode", "min_num_disaggregated": elastic.min_num_disaggregated,
-            "decode_token_cost_ratio": "measured: the calibrated roofline's (oracle.roofline)"}
+    key = {"split": "planner.core.split_prefill_decode", "min_num_disaggregated": elastic.min_num_disaggregated,
+           "decode_token_cost_ratio": "measured: the calibrated roofline's (oracle.roofline)"}
+    if elastic.decode_ratio_floor_from is not None:
+        key["decode_ratio_floor"] = [elastic.decode_ratio_floor_from, elastic.decode_token_cost_ratio]
+    return key
 
 
 def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:

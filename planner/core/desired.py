@@ -14,7 +14,12 @@ leaves, in this order of preference for each model and role:
 When devices run short, the models most starved go first: a model with no instance at all, then the model furthest
 below its count as a share of it, then the busiest (by token rate). In a saturated fleet the devices that free up
 then go to a small model left with one instance before a big one a few short (a 14B model once sat at one instance
-for over a minute at 25 req/s when they went to the busiest, docs/bench/sim.md run 7)."""
+for over a minute at 25 req/s when they went to the busiest, docs/bench/sim.md run 7).
+
+A disaggregated model serves only with both roles, so it is never given one alone: with room for one instance and
+neither role running, a colocated stand-in goes there (kept, as a colocated first instance is, until a prefill and a
+decode instance are ready); with more room, its first instance of one role leaves a device for the other
+(docs/bench/sim.md run 45)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -114,7 +119,7 @@ class ElasticPlacer:
         def add(iid: str, model: str, role: InstanceRole, workers: tuple[str, ...]) -> None:
             slots[iid] = Slot(iid, model, workers[0], role, Pool.ELASTIC, plan_id, workers[1:])
             taken.update(workers)
-            have[(model, role)] += 1
+            have[(model, role)] = have.get((model, role), 0) + 1
 
         # 1. keep: what runs (not draining), ready and busy first, then what the placer chose before and is not
         # seen yet (iid, sort key, workers)
@@ -146,6 +151,21 @@ class ElasticPlacer:
         # the new work the count rose for; the busier ones go on draining)
         if self.resumes_draining:
             take(draining)
+        # 2b. a disaggregated model serves a request only with both roles: until it has a ready prefill and a ready
+        # decode instance, a colocated instance of it (its first plan's, or a stand-in placed below) stays
+        split = {m for (m, role), n in counts.items() if role == InstanceRole.DECODE and n > 0
+                 and counts.get((m, InstanceRole.PREFILL), 0) > 0}
+        ready_roles = {(s.model, s.role) for iid, s in slots.items() if iid in ready}
+        unpaired = {m for m in split if not {(m, InstanceRole.PREFILL), (m, InstanceRole.DECODE)} <= ready_roles}
+        stand_ins = [((st.state == ModelState.DRAINING, iid), iid, st.model, seen.worker_ids)
+                     for iid, seen in instances.items() if (st := seen.status).role == InstanceRole.COLOCATED
+                     and st.model in unpaired and (self.resumes_draining or st.state != ModelState.DRAINING)]
+        stand_ins += [((True, iid), iid, s.model, s.worker_ids) for iid, s in self._slots.items()
+                      if iid not in instances and s.role == InstanceRole.COLOCATED and s.model in unpaired]
+        for _, iid, model, workers in sorted(stand_ins):
+            if model in unpaired and usable(model, workers):
+                add(iid, model, InstanceRole.COLOCATED, workers)
+                unpaired.discard(model)
         # 3. place on free devices, the most starved model first
         has_instance = {s.model for s in slots.values()}
 
@@ -155,11 +175,34 @@ class ElasticPlacer:
 
         available = [w for w in free if w not in occupied and w not in taken]
         unplaced: dict[str, int] = {}
+
+        def other_role_missing(model: str, role: InstanceRole) -> bool:
+            """The model is disaggregated and has no instance of the role besides `role` yet."""
+            if model not in split or role == InstanceRole.COLOCATED:
+                return False
+            other = InstanceRole.PREFILL if role == InstanceRole.DECODE else InstanceRole.DECODE
+            return have.get((model, other), 0) == 0
+
         for key in sorted(counts, key=starved_first):
             model, role = key
             size = max(1, tp.get(model, 1))
+            if other_role_missing(model, role) and have[key] == 0 and len(available) < 2 * size:
+                # Room for one instance at most and the model has neither role: alone, either serves nothing. A
+                # colocated stand-in serves until both roles run (kept by 2b).
+                group = _pick_group(available, model, size, warm_models, avoid) if model in unpaired else None
+                if group is not None:
+                    for w in group:
+                        available.remove(w)
+                    add(instance_id_for(model, group[0], InstanceRole.COLOCATED), model, InstanceRole.COLOCATED,
+                        group)
+                    unpaired.discard(model)
+                unplaced[model] = unplaced.get(model, 0) + counts[key]
+                continue
             while have[key] < counts[key]:
-                group = _pick_group(available, model, size, warm_models, avoid)
+                # one group left for the model's other role while it has none (its key comes later)
+                reserve = size if have[key] > 0 and other_role_missing(model, role) else 0
+                group = (_pick_group(available, model, size, warm_models, avoid)
+                         if len(available) - reserve >= size else None)
                 if group is None:
                     unplaced[model] = unplaced.get(model, 0) + counts[key] - have[key]
                     break

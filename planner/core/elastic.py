@@ -19,6 +19,8 @@ from .replica_search import ReplicaSearch, search_min_replicas
 from .rounding import largest_remainder, scale_to_budget
 
 PD = tuple[int, int]  # (num_prefill, num_decode); num_decode == 0 means colocated instances
+# The last few idle gaps a model's keep-alive is sized by: enough to see a pattern, few enough to forget an old one.
+KEEPALIVE_GAPS_REMEMBERED = 3
 
 
 def num_devices(pd: PD) -> int:
@@ -36,6 +38,8 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
     if num_instances < policy.min_num_disaggregated:
         return (num_instances, 0)
     ratio = decode_token_cost_ratio if decode_token_cost_ratio is not None else policy.decode_token_cost_ratio
+    if policy.decode_ratio_floor_from is not None and num_instances >= policy.decode_ratio_floor_from:
+        ratio = max(ratio, policy.decode_token_cost_ratio)
     prefill_work = features.input_len_mean
     decode_work = features.output_len_mean * ratio
     weights = [prefill_work, decode_work] if prefill_work + decode_work > 0 else [1.0, 1.0]
@@ -57,6 +61,7 @@ def shrink_prefill_first(before: PD, after: PD) -> PD:
         return after
     num_decode = min(before[1], after[1] + shrink, total - 1)
     return (total - num_decode, num_decode)
+
 
 
 def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy, headroom: float | None = None) -> LoadFeatures:
@@ -146,6 +151,8 @@ class ElasticScaler:
         self._last_band_m: dict[str, int] = {}
         self._asked: dict[str, deque[tuple[float, int]]] = {}  # per model, (time, count) for scale_in_hold_s
         self._last_arrival_ms: dict[str, float] = {}  # per model, the end of the last window with an arrival
+        # per model, its last idle gaps longer than keepalive_s (ms, between windows with arrivals)
+        self._gaps_ms: dict[str, deque[float]] = {}
         self._num_plans = 0
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
@@ -155,6 +162,10 @@ class ElasticScaler:
         self._loads.observe(window)
         if window.num_requests > 0:
             last = self._last_arrival_ms.get(window.model, float("-inf"))
+            gap_ms = window.end_unix_ms - last
+            if gap_ms > self.policy.keepalive_s * 1e3 and last > float("-inf"):
+                gaps = self._gaps_ms.setdefault(window.model, deque(maxlen=KEEPALIVE_GAPS_REMEMBERED))
+                gaps.append(gap_ms)
             self._last_arrival_ms[window.model] = max(last, window.end_unix_ms)
 
     def load(self, model: str, now_ms: float | None = None) -> ModelLoadWindow | None:
@@ -178,9 +189,18 @@ class ElasticScaler:
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
-        kept_alive = self._keep_alive(now_ms, desired, loads, in_flight or {})
+        kept_alive, kept_for_gaps = self._keep_alive(now_ms, desired, loads, in_flight or {})
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
         wanted_devices = sum(n * tp[m] for m, n in desired.items())
+        given_back: set[str] = set()
+        if wanted_devices > budget_devices and kept_for_gaps:
+            # An instance kept for a gap the model may come back after is a bet; when the budget binds, load that
+            # is here now goes first (at a peak the gap keep-alives took devices from busy models).
+            for m in kept_for_gaps:
+                desired[m] = 0
+                del kept_alive[m]
+            given_back = set(kept_for_gaps)
+            wanted_devices = sum(n * tp[m] for m, n in desired.items())
         is_over = wanted_devices > budget_devices
         allotted = fit_to_budget(desired, budget_devices, tp, token_rate,
                                  unpadded_counts(desired, loads, p) if is_over else None)
@@ -228,7 +248,7 @@ class ElasticScaler:
                 prediction=searches[m].prediction if m in searches else None,
                 reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
                                 m in banded, m in held_up, kept_alive.get(m, ""),
-                                loads[m].queue_depth if m in rushed else None),
+                                loads[m].queue_depth if m in rushed else None, m in given_back),
             )
             for m in models
         )
@@ -287,27 +307,45 @@ class ElasticScaler:
             self._debouncer.force(out)
         return out, rushed
 
+    def keepalive_ms(self, model: str) -> float:
+        """How long after its last arrival `model` keeps its instance: `keepalive_s`, or, for a model whose last
+        idle gaps were all `keepalive_max_s` or shorter, its longest of them plus `keepalive_s` (capped at
+        `keepalive_max_s`): a model that comes back every few minutes finds its instance there, where parking it
+        made each return a cold start at the burst (docs/bench/sim.md run 45). One device per such model for its
+        gaps; a model whose gaps run longer, or that never went idle, keeps the plain keep-alive."""
+        p = self.policy
+        base_ms, most_ms = p.keepalive_s * 1e3, p.keepalive_max_s * 1e3
+        gaps = self._gaps_ms.get(model)
+        if not gaps or max(gaps) > most_ms:
+            return base_ms
+        return max(base_ms, min(max(gaps) + base_ms, most_ms))
+
     def _keep_alive(self, now_ms: float, desired: dict[str, int], loads: Mapping[str, ModelLoadWindow],
-                    in_flight: Mapping[str, int]) -> dict[str, str]:
+                    in_flight: Mapping[str, int]) -> tuple[dict[str, str], set[str]]:
         """A model the search sized at zero keeps one instance while requests of it run or wait (at its instances or
-        in a dispatcher's queue), and for `keepalive_s` after its last arrival: parking it earlier turns its next
-        requests away, or cuts the streams still running. Updates `desired`; returns why per model kept."""
+        in a dispatcher's queue), and for its keep-alive (`keepalive_ms`) after its last arrival: parking it earlier
+        turns its next requests away, or cuts the streams still running. Updates `desired`; returns why per model
+        kept, and the models kept only for their gaps (past `keepalive_s`: the first to give back)."""
         out: dict[str, str] = {}
-        keep_ms = self.policy.keepalive_s * 1e3
+        for_gaps: set[str] = set()
+        base_ms = self.policy.keepalive_s * 1e3
         for m, count in desired.items():
             if count > 0:
                 continue
             queued = loads[m].queue_depth if m in loads else 0
             since_ms = now_ms - self._last_arrival_ms.get(m, float("-inf"))
+            keep_ms = self.keepalive_ms(m)
             if in_flight.get(m, 0) > 0 or queued > 0:
                 why = f"{in_flight.get(m, 0)} running or waiting, {queued} queued"
             elif since_ms <= keep_ms:
-                why = f"last arrival {since_ms / 1e3:.1f} s ago (keep-alive {self.policy.keepalive_s:g} s)"
+                why = f"last arrival {since_ms / 1e3:.1f} s ago (keep-alive {keep_ms / 1e3:.4g} s)"
+                if since_ms > base_ms:
+                    for_gaps.add(m)
             else:
                 continue
             desired[m] = 1
             out[m] = why
-        return out
+        return out, for_gaps
 
     def _size(self, loads: Mapping[str, ModelLoadWindow], sized_for: Mapping[str, LoadFeatures]) \
             -> dict[str, ReplicaSearch]:
@@ -379,7 +417,8 @@ class ElasticScaler:
         return raised
 
     def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False,
-             is_held_up=False, kept_alive="", rushed_queue_depth: int | None = None) -> str:
+             is_held_up=False, kept_alive="", rushed_queue_depth: int | None = None,
+             is_given_back: bool = False) -> str:
         p = self.policy
         if search is None:
             why = "no traffic"
@@ -387,6 +426,8 @@ class ElasticScaler:
                 why += f"; kept at 1: {kept_alive}"
                 if allotted < desired:
                     why += "; no device left (budget)"
+            elif is_given_back:
+                why += "; its gap keep-alive given back: the budget binds"
             return why
         bounds = dict(zip(search.prediction.replicas, search.prediction.attainment_bound))
         m = search.num_replicas

@@ -627,3 +627,61 @@ async def test_saturation_asks_for_the_cap_and_takes_the_whole_budget(nats_url, 
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
         await janus.stop()
+
+
+# --- 4. a keep-alive sized by the model's gaps ----------------------------------------------------------------------
+
+GAP_S = 4.0  # between the two requests; the plain keep-alive (1 s) parks the model in it
+KEEPALIVE_MAX_S = 10.0
+
+
+async def test_a_model_that_came_back_after_a_gap_keeps_its_instance_as_long_again(nats_url, bus_factory,
+                                                                                   demo_models_dir, tmp_path):
+    """One worker, keep-alive 1 s, `keepalive_max_s` 10 s, 1 s load windows. A request, ~4 s of nothing (the
+    model is parked 1 s after its last arrival), a second request: the scaler has seen one gap, so after the second
+    request the plans keep the model at one instance well past the plain keep-alive ("keep-alive N s", N the gap
+    plus 1 s), and park it only after that."""
+    bus = await bus_factory("gap-keepalive-test")
+    await fresh_plans_stream(bus)
+    obs = Observer()
+    await obs.start(bus, "unused")
+    await serve_oracle(bus, TableOracle(per_replica_tps=1000.0))
+    workers = ["gk-w0"]
+    planner = planner_knobs(keepalive_s=KEEPALIVE_S, keepalive_max_s=KEEPALIVE_MAX_S, max_num_replicas=2)
+    planner["elastic_republish_s"] = 0.25
+    config = cluster_config(demo_models_dir, workers, planner, dispatcher={"window_s": WINDOW_S})
+    janus = await start_janus(nats_url, config, tmp_path, obs, worker_ids=workers,
+                              planners=("steady-planner", "elastic-scaler", "reconciler"))
+    try:
+        await wait_for(lambda: any(p.budget_devices == 1 and target_of(p) is not None for p in obs.elastic_plans),
+                       timeout_s=30, what="an elastic plan for the model", tasks=janus.tasks)
+        async with httpx.AsyncClient(base_url=janus["gateway"].url, timeout=60.0) as client:
+            first = await _completion(client, max_tokens=2)
+            assert first["status"] == 200 and first["done"] and not first["errors"], first
+            first_done_ms = now_ms()
+            # the plain keep-alive parks it in the gap
+            await wait_for(lambda: any(p.created_unix_ms > first_done_ms and count_of(p) == 0
+                                       for p in obs.elastic_plans),
+                           timeout_s=20, what="the model parked after the first request", tasks=janus.tasks)
+            await asyncio.sleep(max(0.0, GAP_S - (now_ms() - first_done_ms) / 1e3))
+            second = await _completion(client, max_tokens=2)
+            assert second["status"] == 200 and second["done"] and not second["errors"], second
+        second_done_ms = now_ms()
+        parked = await wait_for(lambda: next((p for p in obs.elastic_plans if p.created_unix_ms > second_done_ms
+                                              and count_of(p) == 0), None),
+                                timeout_s=30, what="the model parked after the second request", tasks=janus.tasks)
+        last_arrival_ms = max(w.end_unix_ms for w in obs.windows if w.num_requests > 0)
+        # kept past the plain keep-alive (it would have parked the model by then), for the gap's reason: the plans
+        # from then to 3 s after the last arrival (the gap's keep-alive is ~4-5 s)
+        late = [p for p in obs.elastic_plans
+                if last_arrival_ms + KEEPALIVE_S * 1000 + ARRIVAL_SLACK_MS < p.created_unix_ms
+                < last_arrival_ms + 3000.0]
+        assert len(late) >= 2, [(p.plan_id, p.created_unix_ms - last_arrival_ms, count_of(p)) for p in late]
+        for p in late:
+            reason = target_of(p).reason
+            assert count_of(p) == 1 and "keep-alive" in reason, reason
+            kept_s = float(reason.split("keep-alive ")[1].split(" s")[0])
+            assert 2.0 < kept_s <= KEEPALIVE_MAX_S, reason
+        assert parked.created_unix_ms - last_arrival_ms > 2.5 * KEEPALIVE_S * 1000
+    finally:
+        await janus.stop()

@@ -217,3 +217,51 @@ def test_a_model_the_budget_shrinks_gives_up_prefill_instances_first():
     assert sum(prefill_first[1]) == sum(shrunk) and prefill_first[1][1] == start[1], "prefill first: decode kept"
     assert prefill_first[2] == proportional[2], "the next plan at the same count: the proportional split again"
     assert ElasticPolicy().is_budget_shrink_prefill_first
+
+
+def _bursts(scaler, model: str, starts_ms, burst_ms: float = 10_000.0, step_ms: float = 5_000.0):
+    """A burst of arrivals from each start, `burst_ms` long, in windows `step_ms` apart."""
+    for start in starts_ms:
+        t = start
+        while t <= start + burst_ms:
+            scaler.observe(window(model, 2.0, t))
+            t += step_ms
+
+
+def test_a_model_that_comes_back_every_few_minutes_keeps_its_instance_through_its_gaps():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0, keepalive_max_s=300.0, is_debounced=False))
+    _bursts(scaler, "m", [0.0])
+    assert scaler.keepalive_ms("m") == 60_000.0, "no gap seen yet: the plain keep-alive"
+    _bursts(scaler, "m", [200_000.0])  # back 190 s after its last window with an arrival
+    assert scaler.keepalive_ms("m") == 250_000.0, "its gap plus the plain keep-alive"
+    scaler.observe(_idle_window("m", 400_000.0))
+    plan = scaler.tick(400_000.0, ["m"], 10).plan  # 190 s after the second burst: parked before, kept now
+    assert _count(plan, "m") == 1 and "keep-alive 250 s" in _target(plan, "m").reason
+    scaler.observe(_idle_window("m", 461_000.0))
+    assert _count(scaler.tick(461_000.0, ["m"], 10).plan, "m") == 0, "past its own keep-alive: parked"
+
+
+def test_a_gap_longer_than_keepalive_max_keeps_the_plain_keep_alive():
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0, keepalive_max_s=300.0))
+    _bursts(scaler, "m", [0.0, 200_000.0, 900_000.0])  # gaps of 190 s and 690 s
+    assert scaler.keepalive_ms("m") == 60_000.0
+    _bursts(scaler, "m", [1_100_000.0, 1_300_000.0, 1_500_000.0])  # three short gaps push the long one out
+    assert scaler.keepalive_ms("m") == 250_000.0
+    off = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0, keepalive_max_s=0.0))
+    _bursts(off, "m", [0.0, 200_000.0])
+    assert off.keepalive_ms("m") == 60_000.0, "keepalive_max_s at or under keepalive_s: off"
+
+
+def test_a_gap_keep_alive_is_given_back_when_the_budget_binds():
+    """`idle` comes back every ~3 minutes and is 100 s into a gap (its plain keep-alive of 60 s is over); `hot`
+    wants every device. The bet on idle's return gives way to the load that is there."""
+    oracle = TableOracle(attainment=lambda model, feats, m: 1.0 if m >= 4 else 0.5)
+    scaler = ElasticScaler(oracle, bare_elastic(keepalive_s=60.0, keepalive_max_s=300.0, is_debounced=False))
+    _bursts(scaler, "idle", [0.0, 200_000.0])
+    scaler.observe(_idle_window("idle", 310_000.0))
+    scaler.observe(window("hot", 5.0, 310_000.0))
+    roomy = scaler.tick(310_000.0, ["hot", "idle"], 5).plan
+    assert _count(roomy, "hot") == 4 and _count(roomy, "idle") == 1, "room for both: idle keeps its instance"
+    tight = scaler.tick(310_500.0, ["hot", "idle"], 4).plan
+    assert _count(tight, "hot") == 4 and _count(tight, "idle") == 0
+    assert "given back" in _target(tight, "idle").reason

@@ -130,6 +130,17 @@ def test_a_measured_ratio_overrides_the_policys():
     assert split_prefill_decode(8, f, p, decode_token_cost_ratio=None) == (1, 7)
 
 
+def test_the_policys_ratio_as_a_floor_from_a_count_on():
+    """`decode_ratio_floor_from` (off by default): from that many instances on, a measured ratio below the policy's
+    gives way to it; below, the measured one splits."""
+    assert ElasticPolicy().decode_ratio_floor_from is None
+    p = ElasticPolicy(decode_token_cost_ratio=2.0, decode_ratio_floor_from=16)
+    f = features(1.0, input_len_mean=250.0, output_len_mean=750.0)
+    assert split_prefill_decode(8, f, p, decode_token_cost_ratio=1.0) == (2, 6)  # below 16: measured
+    assert split_prefill_decode(16, f, p, decode_token_cost_ratio=1.0) == (2, 14)  # 250 : 1500, not 250 : 750 (4/12)
+    assert split_prefill_decode(16, f, p, decode_token_cost_ratio=4.0) == (1, 15)  # a floor, not a cap
+
+
 @pytest.mark.parametrize("measured", [None, 0.5, 1.0, 4.0])
 def test_the_scaler_splits_by_the_oracles_measured_ratio(measured):
     """A calibrated oracle's decode-over-prefill token cost (ElasticityPrediction.decode_token_cost_ratio) sizes
