@@ -16,8 +16,8 @@ below its count as a share of it, then the busiest (by token rate). In a saturat
 then go to a small model left with one instance before a big one a few short (a 14B model once sat at one instance
 for over a minute at 25 req/s when they went to the busiest, docs/bench/sim.md run 7).
 
-A disaggregated model serves only with both roles, so it is never given one alone: with room for one instance and
-neither role running, a colocated stand-in goes there (kept, as a colocated first instance is, until a prefill and a
+A disaggregated model serves only with both roles; with `pairs_roles` (ReconcilerPolicy.pairs_disaggregated_roles,
+off by default) it is never given one alone: with room for one instance and neither role running, a colocated stand-in goes there (kept, as a colocated first instance is, until a prefill and a
 decode instance are ready); with more room, its first instance of one role leaves a device for the other
 (docs/bench/sim.md run 45)."""
 from __future__ import annotations
@@ -84,8 +84,9 @@ Key = tuple[str, InstanceRole]
 class ElasticPlacer:
     """Remembers where it put each elastic instance, so successive plans move as little as possible."""
 
-    def __init__(self, resumes_draining: bool = True) -> None:
+    def __init__(self, resumes_draining: bool = True, pairs_roles: bool = False) -> None:
         self.resumes_draining = resumes_draining
+        self.pairs_roles = pairs_roles  # ReconcilerPolicy.pairs_disaggregated_roles
         self._slots: dict[str, Slot] = {}
 
     def place(
@@ -154,7 +155,7 @@ class ElasticPlacer:
         # 2b. a disaggregated model serves a request only with both roles: until it has a ready prefill and a ready
         # decode instance, a colocated instance of it (its first plan's, or a stand-in placed below) stays
         split = {m for (m, role), n in counts.items() if role == InstanceRole.DECODE and n > 0
-                 and counts.get((m, InstanceRole.PREFILL), 0) > 0}
+                 and counts.get((m, InstanceRole.PREFILL), 0) > 0} if self.pairs_roles else set()
         ready_roles = {(s.model, s.role) for iid, s in slots.items() if iid in ready}
         unpaired = {m for m in split if not {(m, InstanceRole.PREFILL), (m, InstanceRole.DECODE)} <= ready_roles}
         stand_ins = [((st.state == ModelState.DRAINING, iid), iid, st.model, seen.worker_ids)

@@ -145,10 +145,12 @@ class ElasticPolicy(_Policy):
         "judged on one load window, a sparse model flaps to zero between its requests and each one meets "
         "NO_INSTANCE)"
     )
-    # 300: on the headline's three seeds, gaps of 60-300 s between a model's arrivals add up to 2.3-2.4
-    # device-hours each (one device per gap), under 1 % of Janus's; seed 2's app-52 comes back every 150-215 s.
+    # Off (0): at 300 s (gaps of 60-300 s add up to 2.3-2.4 device-hours per seed of the headline, one device per
+    # gap) with the placer's role pairs it lifted the clairvoyant Janus's worst app on every seed at the same
+    # attainment, and the learned Janus's seed-2 app-52 (0.806 -> 0.845-0.967), but the learned Janus's attainment
+    # fell on seeds 0 and 2 (0.9859 -> 0.9811, 0.9897 -> 0.9863): docs/bench/sim.md run 45.
     keepalive_max_s: float = Field(
-        default=300.0, ge=0, description="a model whose last idle gaps were all this long or shorter keeps its "
+        default=0.0, ge=0, description="a model whose last idle gaps were all this long or shorter keeps its "
         "instance through as long a gap again plus keepalive_s, up to this (keepalive_s or less: off)"
     )
     is_debounced: bool = True
@@ -189,6 +191,13 @@ class ReconcilerPolicy(_Policy):
         "an elastic instance that is draining and wanted again is resumed in place (DRAINING -> ACTIVE, its "
         "weights never left) before a new one is placed: a drained decode instance holds its devices until its "
         "longest sequence ends, and on the headline held 38 % of the busy devices"))
+    # Off: on the headline it lifted the clairvoyant Janus's worst app (seed 1's cold burst 0.824 -> 0.866, with the
+    # gap keep-alive) at the same attainment, but the learned Janus's seed 0 fell 0.9859 -> 0.9820 with it alone
+    # (main repeats within 0.0001 at another refit time): docs/bench/sim.md run 45.
+    pairs_disaggregated_roles: bool = Field(default=False, description=(
+        "a disaggregated model is never given one role alone: with room for one instance and neither role running, "
+        "a colocated stand-in (kept until a prefill and a decode instance are ready); with more, the first of one "
+        "role leaves a device for the other"))
     no_room_wait_ms: float = Field(default=2_000.0, ge=0, description=(
         "make before break waits at most this long for a replacement the placer has no device for, none coming up "
         "and no removal freeing a device for it; then the old instance goes (a steady plan that claimed its device "

@@ -49,7 +49,8 @@ class Reconciler:
     def __init__(self, policy: ReconcilerPolicy | None = None) -> None:
         self.policy = policy or ReconcilerPolicy()
         self.view = ClusterView(self.policy.heartbeat_timeout_ms)
-        self._placer = ElasticPlacer(resumes_draining=self.policy.resumes_draining)
+        self._placer = ElasticPlacer(resumes_draining=self.policy.resumes_draining,
+                                     pairs_roles=self.policy.pairs_disaggregated_roles)
         self._plans: dict[str, SteadyPlan | ElasticPlan] = {}  # kind -> latest plan acted on
         # kind -> the newest planner epoch seen (planner/leader.py): a plan of an older term is ignored, as workers
         # refuse an older reconciler's commands (worker/core/fencing.py)

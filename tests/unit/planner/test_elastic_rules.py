@@ -241,6 +241,13 @@ def test_a_model_that_comes_back_every_few_minutes_keeps_its_instance_through_it
     assert _count(scaler.tick(461_000.0, ["m"], 10).plan, "m") == 0, "past its own keep-alive: parked"
 
 
+def test_the_gap_keep_alive_is_off_by_default():
+    assert ElasticPolicy().keepalive_max_s == 0.0
+    scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0))
+    _bursts(scaler, "m", [0.0, 200_000.0])
+    assert scaler.keepalive_ms("m") == 60_000.0
+
+
 def test_a_gap_longer_than_keepalive_max_keeps_the_plain_keep_alive():
     scaler = ElasticScaler(TableOracle(), bare_elastic(keepalive_s=60.0, keepalive_max_s=300.0))
     _bursts(scaler, "m", [0.0, 200_000.0, 900_000.0])  # gaps of 190 s and 690 s
