@@ -17,12 +17,12 @@ then go to a small model left with one instance before a big one a few short (a 
 for over a minute at 25 req/s when they went to the busiest, docs/bench/sim.md run 7).
 
 A disaggregated model serves only with both roles; with `pairs_roles` (ReconcilerPolicy.pairs_disaggregated_roles,
-off by default) it is never given one alone: with room for one instance and neither role running, a colocated stand-in goes there (kept, as a colocated first instance is, until a prefill and a
-decode instance are ready); with more room, its first instance of one role leaves a device for the other
-(docs/bench/sim.md run 45)."""
+off by default) it is never given one alone: with room for one instance and neither role running, a colocated
+stand-in goes there (kept, as a colocated first instance is, until a prefill and a decode instance are ready); with
+more room, its first instance of one role leaves a device for the other (docs/bench/sim.md run 45)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from contracts import ElasticPlan, InstanceRole, ModelState, Pool, SteadyPlan
@@ -156,17 +156,13 @@ class ElasticPlacer:
         # decode instance, a colocated instance of it (its first plan's, or a stand-in placed below) stays
         split = {m for (m, role), n in counts.items() if role == InstanceRole.DECODE and n > 0
                  and counts.get((m, InstanceRole.PREFILL), 0) > 0} if self.pairs_roles else set()
-        ready_roles = {(s.model, s.role) for iid, s in slots.items() if iid in ready}
-        unpaired = {m for m in split if not {(m, InstanceRole.PREFILL), (m, InstanceRole.DECODE)} <= ready_roles}
-        stand_ins = [((st.state == ModelState.DRAINING, iid), iid, st.model, seen.worker_ids)
-                     for iid, seen in instances.items() if (st := seen.status).role == InstanceRole.COLOCATED
-                     and st.model in unpaired and (self.resumes_draining or st.state != ModelState.DRAINING)]
-        stand_ins += [((True, iid), iid, s.model, s.worker_ids) for iid, s in self._slots.items()
-                      if iid not in instances and s.role == InstanceRole.COLOCATED and s.model in unpaired]
-        for _, iid, model, workers in sorted(stand_ins):
-            if model in unpaired and usable(model, workers):
-                add(iid, model, InstanceRole.COLOCATED, workers)
-                unpaired.discard(model)
+        unpaired: set[str] = set()
+        if split:  # off by default: no scan of the fleet's instances on the tick's path
+            ready_roles = {(s.model, s.role) for iid, s in slots.items() if iid in ready}
+            unpaired = {m for m in split
+                        if not {(m, InstanceRole.PREFILL), (m, InstanceRole.DECODE)} <= ready_roles}
+        if unpaired:
+            self._keep_stand_ins(unpaired, instances, usable, add)
         # 3. place on free devices, the most starved model first
         has_instance = {s.model for s in slots.values()}
 
@@ -212,6 +208,22 @@ class ElasticPlacer:
                 add(instance_id_for(model, group[0], role), model, role, group)
         self._slots = slots
         return slots, unplaced
+
+    def _keep_stand_ins(self, unpaired: set[str], instances: Mapping[str, SeenInstance],
+                        usable: Callable[[str, tuple[str, ...]], bool],
+                        add: Callable[[str, str, InstanceRole, tuple[str, ...]], None]) -> None:
+        """One colocated instance per model in `unpaired` (it has no ready prefill and decode pair) stays: a running
+        one first, then a draining one (resumed), then one placed before and not seen yet. Takes each model it
+        keeps out of `unpaired`."""
+        stand_ins = [((st.state == ModelState.DRAINING, iid), iid, st.model, seen.worker_ids)
+                     for iid, seen in instances.items() if (st := seen.status).role == InstanceRole.COLOCATED
+                     and st.model in unpaired and (self.resumes_draining or st.state != ModelState.DRAINING)]
+        stand_ins += [((True, iid), iid, s.model, s.worker_ids) for iid, s in self._slots.items()
+                      if iid not in instances and s.role == InstanceRole.COLOCATED and s.model in unpaired]
+        for _, iid, model, workers in sorted(stand_ins):
+            if model in unpaired and usable(model, workers):
+                add(iid, model, InstanceRole.COLOCATED, workers)
+                unpaired.discard(model)
 
 
 def _pick_group(available: list[str], model: str, size: int, warm_models: Mapping[str, set[str]],

@@ -63,7 +63,6 @@ def shrink_prefill_first(before: PD, after: PD) -> PD:
     return (total - num_decode, num_decode)
 
 
-
 def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy, headroom: float | None = None) -> LoadFeatures:
     """The load to size replicas for: the window's token rate times `load_headroom` (or `headroom`), plus the tokens
     of the requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging

@@ -1,8 +1,8 @@
 """A disaggregated model serves a request only with a prefill and a decode instance. With
-`ReconcilerPolicy.pairs_disaggregated_roles` (off by default) the placer never leaves it with one role alone: with room for one instance and neither role running, a colocated stand-in serves (a burst on a full
-fleet once got a lone decode instance and waited 4.7 s for its first token, docs/bench/sim.md run 44); with room
-for more, one instance of each role comes before more of either; a colocated instance stays until both roles are
-ready."""
+`ReconcilerPolicy.pairs_disaggregated_roles` (off by default) the placer never leaves it with one role alone:
+with room for one instance and neither role running, a colocated stand-in serves (a burst on a full fleet once
+got a lone decode instance and waited 4.7 s for its first token, docs/bench/sim.md run 44); with room for more,
+one instance of each role comes before more of either; a colocated instance stays until both roles are ready."""
 from __future__ import annotations
 
 from planner_test_workers import ScriptedWorkers
