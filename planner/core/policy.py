@@ -100,7 +100,8 @@ class ElasticPolicy(_Policy):
     )
     # Off: at 16 the learned Janus met the attainment goal on the headline (seed 0 0.9915, seed 2 0.9908, the late 32B
     # decode gone) but on 1.19-1.22x the clairvoyant's device-hours (the profiles, run in that split, reach the target
-    # later at every count): docs/bench/sim.md run 45.
+    # later at every count): docs/bench/sim.md run 45. In the scaler alone (profiles in the measured split): 0.99 on
+    # every seed at 1.07-1.10x the clairvoyant's device-hours, worst app 0.74-0.77 on seeds 1-2 (run 46).
     decode_ratio_floor_from: int | None = Field(
         default=None, ge=3, description="at this many instances or more, the split prices a decode token at least "
         "at decode_token_cost_ratio, whatever the oracle measured (None: the measured ratio at every count)"
@@ -147,8 +148,8 @@ class ElasticPolicy(_Policy):
     )
     # Off (0): at 300 s (gaps of 60-300 s add up to 2.3-2.4 device-hours per seed of the headline, one device per
     # gap) with the placer's role pairs it lifted the clairvoyant Janus's worst app on every seed at the same
-    # attainment, and the learned Janus's seed-2 app-52 (0.806 -> 0.845-0.967), but the learned Janus's attainment
-    # fell on seeds 0 and 2 (0.9859 -> 0.9811, 0.9897 -> 0.9863): docs/bench/sim.md run 45.
+    # attainment (docs/bench/sim.md run 45); on the learned Janus, over refit times, seed 0's mean held (0.9833
+    # against 0.9832) but seed 2's fell (0.9878 against 0.9902): docs/bench/sim.md run 46.
     keepalive_max_s: float = Field(
         default=0.0, ge=0, description="a model whose last idle gaps were all this long or shorter keeps its "
         "instance through as long a gap again plus keepalive_s, up to this (keepalive_s or less: off)"
@@ -192,8 +193,8 @@ class ReconcilerPolicy(_Policy):
         "weights never left) before a new one is placed: a drained decode instance holds its devices until its "
         "longest sequence ends, and on the headline held 38 % of the busy devices"))
     # Off: on the headline it lifted the clairvoyant Janus's worst app (seed 1's cold burst 0.824 -> 0.866, with the
-    # gap keep-alive) at the same attainment, but the learned Janus's seed 0 fell 0.9859 -> 0.9820 with it alone
-    # (main repeats within 0.0001 at another refit time): docs/bench/sim.md run 45.
+    # gap keep-alive) at the same attainment (docs/bench/sim.md run 45); with it, the learned Janus's seed 2 fell
+    # 0.9902 -> 0.9878 (mean over refit times; seed 0 held): docs/bench/sim.md run 46.
     pairs_disaggregated_roles: bool = Field(default=False, description=(
         "a disaggregated model is never given one role alone: with room for one instance and neither role running, "
         "a colocated stand-in (kept until a prefill and a decode instance are ready); with more, the first of one "
