@@ -168,10 +168,10 @@ class DispatcherService(Service):
     async def _on_request_outcome(self, outcome: RequestOutcome, env: Envelope) -> None:
         """A request finished on its worker. Every dispatcher hears it; only the one that dispatched it (it holds
         the stream in its book) counts it, so that each request's tokens enter one load window, as its arrival did.
-        Its stream ended: nothing is left for this dispatcher to fail if the instance dies now."""
-        if outcome.request_id not in self._streaming:
+        Its stream ended: nothing is left for this dispatcher to fail if the instance dies now. Heard before its
+        first token (another subscription's task), it still counts, and its first token will not start a stream."""
+        if not self._streaming.ended(outcome.request_id, self._requests.get(outcome.request_id)):
             return
-        self._streaming.forget(outcome.request_id)
         await self._apply(self.core.on_request_outcome(now_ms(), outcome.model, outcome.num_output_tokens,
                                                        outcome.num_on_time_tokens))
 
@@ -306,9 +306,12 @@ class DispatcherService(Service):
             req = self._requests.get(request_id)
             if request_id in waiting or req is None:
                 continue
-            is_started = request_id in started
-            log.warning("%s on %s: %s", request_id, instance_id, "streaming, but its PrefillDone was lost"
-                        if is_started else "its worker does not hold it (lost on the bus): back to the queue")
+            # its end heard already (its worker holds it no more): it ran, and must not run again
+            has_ended = self._streaming.ended_before_first_token(request_id)
+            is_started = request_id in started or has_ended
+            why = ("finished, its PrefillDone not heard yet" if has_ended else "streaming, but its PrefillDone was lost"
+                   if is_started else "its worker does not hold it (lost on the bus): back to the queue")
+            log.warning("%s on %s: %s", request_id, instance_id, why)
             await self._on_prefill_done(PrefillDone(
                 request_id=request_id, model=req.model, worker_id=worker_id, instance_id=instance_id,
                 num_prompt_tokens=req.num_prompt_tokens, prefill_ms=0.0, first_token_unix_ms=now_ms(),

@@ -474,11 +474,16 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
         reply = await _command(bus, A, INST_A, LifecycleAction.WARM)
         assert reply.ok and reply.state == ModelState.WARM, reply
         results = [await obs.result(r.request_id, timeout_s=120) for r in reqs]
-        # every request streamed, and the dispatcher forgets each as its worker reports its end (RequestOutcome);
-        # one that failed after its first token has no outcome and stays until the gateway's timeout
-        num_unfinished = sum(1 for _, end in results if not isinstance(end, RequestDone))
-        await wait_for(lambda: dispatcher.health_detail()["streaming"] == str(num_unfinished), timeout_s=10,
-                       what="the dispatcher forgetting every request that finished")
+        # the dispatcher forgets each request as its worker reports its end (RequestOutcome, even when heard before
+        # the first token); one that failed after its first token has no outcome and stays until the gateway's
+        # timeout, one that failed before it never streamed
+        num_unfinished = sum(1 for tokens, end in results if not isinstance(end, RequestDone) and tokens)
+        try:
+            await wait_for(lambda: dispatcher.health_detail()["streaming"] == str(num_unfinished), timeout_s=10,
+                           what="the dispatcher forgetting every request that finished")
+        except TimeoutError:
+            raise AssertionError(f"streaming {dispatcher.health_detail()['streaming']}, expected {num_unfinished}: "
+                                 f"{[type(end).__name__ for _, end in results]}") from None
     finally:
         dispatcher.stopped.set()
         await asyncio.gather(task, return_exceptions=True)
