@@ -1,16 +1,10 @@
 """The dispatcher counts a request's outcome only while the request streams in its own book (`in`)."""
-from contracts import GenerateRequest, SamplingParams
 from dispatcher.core.streaming import StreamingBook
-
-
-def _request(rid: str = "r", arrival_ms: float = 0.0) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, model="m", prompt_token_ids=(1,), sampling=SamplingParams(max_tokens=2),
-                           reply_subject=f"reply.{rid}", arrival_unix_ms=arrival_ms,
-                           ttft_deadline_unix_ms=arrival_ms + 1e4, tpot_slo_ms=100.0)
+from .test_streaming_book import _request
 
 
 def test_a_request_is_in_the_book_from_its_first_token_until_forgotten():
-    req = _request()
+    req = _request("r")
     book = StreamingBook()
     assert "r" not in book
     book.started(req, "P")
@@ -25,7 +19,7 @@ def test_an_end_heard_before_the_first_token_counts_and_never_starts_a_stream():
     """PrefillDone and RequestOutcome come on two subscriptions, each handled by its own task: under load the end
     can be handled first (a bus test once saw a finished request left streaming until the gateway's timeout)."""
     book = StreamingBook()
-    req = _request()
+    req = _request("r")
     assert book.ended("r", sent=req), "this dispatcher sent it: its outcome counts"
     assert book.ended_before_first_token("r"), "it ran: not to be sent again when its worker no longer holds it"
     book.started(req, "P")  # the first token, heard late
