@@ -95,6 +95,20 @@ def unpadded_counts(desired: Mapping[str, int], loads: Mapping[str, ModelLoadWin
     return out
 
 
+def reachable_first(floor: Mapping[str, int], searches: Mapping[str, ReplicaSearch]) -> dict[str, int]:
+    """The tier a short budget serves first: the measured-rate count (`floor`) of each model, except one instance
+    of each model whose bound creeps below the target up to the cap. Such a count is the saturation rule's
+    (replica_search.py): the bound creeps up with the GP's shrinking uncertainty, far past the count the mean meets
+    the target at, and shared in proportion it took the devices of models a few instances short (docs/planner.md,
+    "Over budget"). A model overloaded at every count (a burst past what the cap serves) keeps its floor: more
+    replicas serve more of it."""
+    return {m: min(n, 1) if m in searches and _is_creeping(searches[m]) else n for m, n in floor.items()}
+
+
+def _is_creeping(search: ReplicaSearch) -> bool:
+    return not search.is_reachable and not search.is_overloaded
+
+
 def plan_decision(plan: ElasticPlan) -> tuple:
     """What a plan decides (its budget and counts): a plan whose decision equals the last one's changes nothing
     downstream, so the scaler service publishes it only now and then, and the simulator does not deliver it."""
@@ -109,17 +123,23 @@ class ElasticDecision:
 
 
 def fit_to_budget(desired: Mapping[str, int], budget_devices: int, devices_per_instance: Mapping[str, int],
-                  priority: Mapping[str, float], floor: Mapping[str, int] | None) -> dict[str, int]:
+                  priority: Mapping[str, float], floor: Mapping[str, int] | None,
+                  first: Mapping[str, int] | None = None) -> dict[str, int]:
     """Instance counts within `budget_devices`, where an instance of model m takes `devices_per_instance[m]`
     devices (its tensor-parallel group). Scaled in device units with `scale_to_budget` (proportional, each model
-    with traffic kept at one device if the budget allows, `floor` served first), then rounded down to whole groups;
-    a model left with no instance then gets one if a whole group is still free, most `priority` first."""
+    with traffic kept at one device if the budget allows, `first` then `floor` served before the rest), then rounded
+    down to whole groups; a model left with no instance then gets one if a whole group is still free, most
+    `priority` first."""
     tp = {m: max(1, devices_per_instance.get(m, 1)) for m in desired}
     wanted = {m: n * tp[m] for m, n in desired.items()}
     if sum(wanted.values()) <= budget_devices:
         return dict(desired)
-    floor_devices = {m: n * tp[m] for m, n in floor.items()} if floor is not None else None
-    allotted = scale_to_budget(wanted, budget_devices, priority=priority, floor=floor_devices)
+
+    def in_devices(counts: Mapping[str, int] | None) -> dict[str, int] | None:
+        return {m: n * tp[m] for m, n in counts.items()} if counts is not None else None
+
+    allotted = scale_to_budget(wanted, budget_devices, priority=priority, floor=in_devices(floor),
+                               first=in_devices(first))
     out = {m: allotted[m] // tp[m] for m in desired}
     left = budget_devices - sum(out[m] * tp[m] for m in out)
     for m in sorted(desired, key=lambda m: (-priority.get(m, 0.0), m)):
@@ -201,8 +221,9 @@ class ElasticScaler:
             given_back = set(kept_for_gaps)
             wanted_devices = sum(n * tp[m] for m, n in desired.items())
         is_over = wanted_devices > budget_devices
-        allotted = fit_to_budget(desired, budget_devices, tp, token_rate,
-                                 unpadded_counts(desired, loads, p) if is_over else None)
+        floor = unpadded_counts(desired, loads, p) if is_over else None
+        first = reachable_first(floor, searches) if floor is not None and p.is_budget_reachable_first else None
+        allotted = fit_to_budget(desired, budget_devices, tp, token_rate, floor, first)
         is_scaled_down = allotted != desired
         busy_set = set(busy)
         raw = {m: split_prefill_decode(allotted[m], loads[m].features, p, _measured_ratio(searches.get(m)))
@@ -259,6 +280,10 @@ class ElasticScaler:
         if saturated:
             notes.append(f"target unreachable for {', '.join(saturated)}: kept at the count that maximises the "
                          "bound")
+        creeping = sorted(m for m, r in searches.items() if _is_creeping(r))
+        if first is not None and creeping:
+            notes.append(f"{', '.join(creeping)} served after the others' measured rates (a bound creeping below "
+                         "the target)")
         self._num_plans += 1
         plan = ElasticPlan(
             plan_id=f"{self._id_prefix}-{self._num_plans:06d}",
@@ -437,7 +462,7 @@ class ElasticScaler:
             why = f"m*={m}: bound {bounds[m]:.3f} >= target {target:.3f} at {where}"
             if m - 1 in bounds:
                 why += f" (m={m - 1}: {bounds[m - 1]:.3f})"
-        elif m == p.max_num_replicas and bounds[m] <= p.saturation_eps:
+        elif search.is_overloaded:
             why = (f"target {target:.3f} unreachable: saturated (bound {bounds[m]:.3f} at every count "
                    f"up to the cap): m*={m}, the cap, the count that serves most of the load")
         else:

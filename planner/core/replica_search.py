@@ -37,6 +37,9 @@ class ReplicaSearch:
     prediction: ElasticityPrediction  # all m asked, sorted
     num_rounds: int
     target_attainment: float = 0.0  # the target searched for
+    # unreachable because no count the oracle can see serves the load (the bound at the cap within saturation_eps of
+    # 0: m* is the cap), not because the bound creeps below the target
+    is_overloaded: bool = False
 
 
 class _Asker:
@@ -116,27 +119,28 @@ def search_min_replicas(
         asker.ask({m: tuple(range(1, cap + 1)) for m in features})
     else:
         asker.ask({m: _first_asks(cap, hints.get(m)) for m in features})
-    result: dict[str, tuple[int, bool]] = {}
+    result: dict[str, _Answer] = {}
     pending = list(features)
     while pending:
         asks: dict[str, tuple[int, ...]] = {}
         for m in pending:
             step = _next_step(asker.seen[m], cap, target_attainment, saturation_eps, hints.get(m))
             if isinstance(step, _Answer):
-                result[m] = (step.num_replicas, step.is_reachable)
+                result[m] = step
             else:
                 asks[m] = step
         pending = list(asks)
         if asks:
             asker.ask(asks)
-    return {m: ReplicaSearch(m, result[m][0], result[m][1], asker.prediction(m), asker.num_rounds,
-                             target_attainment) for m in features}
+    return {m: ReplicaSearch(m, result[m].num_replicas, result[m].is_reachable, asker.prediction(m), asker.num_rounds,
+                             target_attainment, result[m].is_overloaded) for m in features}
 
 
 @dataclass(frozen=True)
 class _Answer:
     num_replicas: int
     is_reachable: bool
+    is_overloaded: bool = False
 
 
 def _next_step(seen: Mapping[int, tuple[float, float, float]], cap: int, target: float, saturation_eps: float,
@@ -149,7 +153,7 @@ def _next_step(seen: Mapping[int, tuple[float, float, float]], cap: int, target:
         threshold, is_reachable = target, True
     elif cap in bounds:
         if bounds[cap] <= saturation_eps:
-            return _Answer(cap, False)  # overloaded at every count: the cap (see the module docstring)
+            return _Answer(cap, False, True)  # overloaded at every count: the cap (see the module docstring)
         threshold, is_reachable = bounds[cap] - saturation_eps, False
     else:  # everything seen misses: is the target reachable at all? (and, next to a hint, one count up)
         return tuple(sorted({cap} | ({hint + 1} if hint is not None and hint + 1 < cap else set())))

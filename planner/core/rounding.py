@@ -30,7 +30,7 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
 
 def scale_to_budget(
     desired: Mapping[str, int], budget: int, priority: Mapping[str, float] | None = None,
-    floor: Mapping[str, int] | None = None,
+    floor: Mapping[str, int] | None = None, first: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Scale `desired` instance counts down to `budget` in proportion, with the largest-remainder method; every model
     that wanted at least one keeps at least one. Never exceeds `budget`, never gives a model more than it wanted.
@@ -41,23 +41,19 @@ def scale_to_budget(
     With `floor` (per model, at most its desired count), the budget goes in two tiers: first the floors (scaled down
     as above if even they do not fit), then what is left, shared in proportion to what each model wants beyond its
     floor. A model whose count is mostly padding (burst headroom, a queue to drain) then cannot crowd out another's
-    measured load."""
+    measured load.
+
+    With `first` too (per model, at most its floor), three tiers: the `first` counts, then the floors beyond them,
+    then the rest; each tier is shared in proportion only when the budget runs out inside it."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if any(d < 0 for d in desired.values()):
         raise ValueError(f"desired counts must be >= 0, got {dict(desired)}")
     if sum(desired.values()) <= budget:
         return dict(desired)
-    if floor is not None:
-        base = {m: min(max(0, floor.get(m, 0)), desired[m]) for m in desired}
-        if sum(base.values()) >= budget:
-            return scale_to_budget(base, budget, priority)
-        extra = {m: desired[m] - base[m] for m in sorted(desired)}
-        wanting = [m for m in extra if extra[m] > 0]
-        shares = largest_remainder([extra[m] for m in wanting], budget - sum(base.values()))
-        for m, n in zip(wanting, shares):
-            base[m] += n
-        return base
+    tiers = [tier for tier in (first, floor) if tier is not None]
+    if tiers:
+        return _in_tiers([*tiers, desired], budget, priority)
     wanting = [m for m in sorted(desired) if desired[m] > 0]
     out = {m: 0 for m in desired}
     if budget < len(wanting):
@@ -84,3 +80,29 @@ def scale_to_budget(
     for m, n in zip(free, largest_remainder([desired[m] for m in free], left)):
         out[m] = n
     return out
+
+
+def _in_tiers(levels: Sequence[Mapping[str, int]], budget: int, priority: Mapping[str, float] | None) \
+        -> dict[str, int]:
+    """`levels`: counts per model, each level at most the next (clamped so), the last the desired counts, which
+    overrun `budget`. Every level that fits is given whole; the first that does not shares what the one below it
+    leaves in proportion to what each model wants beyond it (the lowest level, if even it does not fit, is scaled as
+    `scale_to_budget` scales, one instance kept for each model)."""
+    top = levels[-1]
+    clamped = [dict(top)]
+    for level in reversed(levels[:-1]):
+        above = clamped[0]
+        clamped.insert(0, {m: min(max(0, level.get(m, 0)), above[m]) for m in top})
+    below: dict[str, int] | None = None
+    for level in clamped:
+        if sum(level.values()) > budget:
+            if below is None:
+                return scale_to_budget(level, budget, priority)
+            out = dict(below)
+            wanting = [m for m in sorted(level) if level[m] > below[m]]
+            shares = largest_remainder([level[m] - below[m] for m in wanting], budget - sum(below.values()))
+            for m, n in zip(wanting, shares):
+                out[m] += n
+            return out
+        below = level
+    return dict(top)

@@ -2,6 +2,9 @@
 with tensor-parallel groups, and no collapse at saturation."""
 from __future__ import annotations
 
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_test_oracles import TableOracle, bare_elastic, features, window
@@ -272,3 +275,60 @@ def test_a_gap_keep_alive_is_given_back_when_the_budget_binds():
     tight = scaler.tick(310_500.0, ["hot", "idle"], 4).plan
     assert _count(tight, "hot") == 4 and _count(tight, "idle") == 0
     assert "given back" in _target(tight, "idle").reason
+
+
+# ----------------------------------------------------------------------------------------------- over budget
+def _creeping_big(model: str, feats, m: int) -> float:
+    """"big" never reaches 0.99 (its bound creeps towards 0.98 with m: the saturation rule sizes it at ~39 of the
+    cap's 64); "small" meets it at a handful of instances."""
+    if model == "big":
+        return 0.985 - 0.5 / m
+    return 1.0 - math.exp(-3.0 * m / (feats.token_rate_tps / 1000.0))
+
+
+def _two_model_scaler(attainment, reachable_first: bool, rates_rps: dict[str, float]) -> ElasticScaler:
+    scaler = ElasticScaler(TableOracle(attainment=attainment),
+                           bare_elastic(is_debounced=False, min_num_disaggregated=100,
+                                        is_budget_reachable_first=reachable_first))
+    for model, rate_rps in rates_rps.items():
+        scaler.observe(window(model, rate_rps, 0.0))
+    return scaler
+
+
+@pytest.mark.parametrize("reachable_first", [True, False])
+def test_over_budget_a_reachable_model_gets_its_count_before_an_unreachable_one(reachable_first):
+    scaler = _two_model_scaler(_creeping_big, reachable_first, {"big": 20.0, "small": 2.0})
+    free = scaler.tick(0.0, ["big", "small"], 1000)
+    assert not free.searches["big"].is_reachable and free.searches["small"].is_reachable
+    want_big, want_small = _count(free.plan, "big"), _count(free.plan, "small")
+    assert want_big > 30 and 2 <= want_small < 10
+    plan = scaler.tick(500.0, ["big", "small"], 30).plan
+    assert plan.is_scaled_down and plan.num_devices_used == 30
+    if reachable_first:
+        assert _count(plan, "small") == want_small, "the reachable count is served whole"
+        assert _count(plan, "big") == 30 - want_small
+        assert "big served after the others' measured rates" in plan.reason
+    else:
+        assert _count(plan, "small") < want_small, "in proportion, the small model is cut with the big one"
+
+
+def test_reachable_first_is_off_by_default():
+    assert not ElasticPolicy().is_budget_reachable_first
+
+
+def test_over_budget_a_model_overloaded_at_every_count_keeps_its_measured_rate_count():
+    """Overloaded at every count (the bound 0 up to the cap: a burst past what the cap serves) is not the creeping
+    bound: its count is the cap and it shares the budget in proportion, not after the others."""
+    def attainment(model, feats, m):
+        return 0.0 if model == "burst" else _creeping_big(model, feats, m)
+
+    scaler = _two_model_scaler(attainment, True, {"burst": 50.0, "small": 20.0})
+    decision = scaler.tick(0.0, ["burst", "small"], 30)
+    burst, small = decision.searches["burst"], decision.searches["small"]
+    assert burst.is_overloaded and not burst.is_reachable and burst.num_replicas == 64
+    assert not small.is_overloaded and small.num_replicas == 23
+    plan = decision.plan
+    assert _count(plan, "burst") + _count(plan, "small") == 30
+    # in proportion, 64 : 23 of 30 (22); served after the small model's 23 it would have had 7
+    assert _count(plan, "burst") >= 20, "in proportion to its count, not one instance and the leftovers"
+    assert "served after" not in plan.reason

@@ -113,3 +113,33 @@ def test_tiered_scaling_never_exceeds_the_budget_and_keeps_the_floors_it_can(des
         assert 0 <= out[m] <= desired[m]
     if sum(floor.values()) <= budget:
         assert all(out[m] >= floor[m] for m in desired)
+
+
+def test_a_first_tier_is_served_before_the_floors():
+    # a: 10 wanted, 6 of them its measured load, but its count is the saturation rule's: only 1 in the first tier.
+    # b: 6 wanted, all measured load and reachable. 8 devices left.
+    # Floors only: 6 + 6 overrun 8, scaled down to a 4, b 4. With b's floor first: b 6, a what is left.
+    assert scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 6}) == {"a": 4, "b": 4}
+    assert scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 6}, first={"a": 1, "b": 6}) == {"a": 2, "b": 6}
+    # the first tier alone overrunning the budget is scaled down as plain counts would be
+    assert scale_to_budget({"a": 10, "b": 6}, 5, floor={"a": 6, "b": 6}, first={"a": 1, "b": 6}) == \
+        scale_to_budget({"a": 1, "b": 6}, 5)
+    # a first tier above the floor is held to it
+    assert scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 2}, first={"a": 1, "b": 6}) == \
+        scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 2}, first={"a": 1, "b": 2})
+
+
+@settings(max_examples=200, deadline=None)
+@given(desired_maps, st.integers(min_value=0, max_value=300), st.data())
+def test_three_tiers_never_exceed_the_budget_and_keep_each_tier_that_fits(desired, budget, data):
+    floor = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in desired.items()}
+    first = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in floor.items()}
+    out = scale_to_budget(desired, budget, floor=floor, first=first)
+    assert set(out) == set(desired)
+    assert sum(out.values()) == min(budget, sum(desired.values()))
+    for m in desired:
+        assert 0 <= out[m] <= desired[m]
+    if sum(first.values()) <= budget:
+        assert all(out[m] >= first[m] for m in desired)
+    if sum(floor.values()) <= budget:
+        assert all(out[m] >= floor[m] for m in desired)
