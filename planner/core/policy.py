@@ -162,11 +162,6 @@ class ElasticPolicy(_Policy):
         default=1.0, ge=0, description="a model with at least this many requests queued at the dispatchers per "
         "instance it has scales out at once, without waiting for a second plan to agree (0: always debounced)"
     )
-    # A decode instance being removed holds its device until its longest sequence ends (14 s on the ablation's hot
-    # model), a prefill instance frees it at once. When the budget takes devices from a disaggregated model for
-    # another, the shrink comes out of its prefill instances first, so the other model's new instances find free
-    # devices at once; the next plan at the same count splits in proportion again (docs/sim.md, "Where the
-    # recovery's seconds go"; held while the budget bound, the skew starved prefill over a peak: bench/sim.md run 42).
     # Off: on the learned Janus it took seed 0's worst app from 0.851 to 0.939 at the same attainment, but on seed 2
     # the devices it took from the 32B kind bought the small kinds nothing (0.9886 -> 0.9867; docs/bench/sim.md run
     # 47).
@@ -174,6 +169,11 @@ class ElasticPolicy(_Policy):
         default=False, description="over budget, a model whose bound creeps below the target up to max_num_replicas "
         "(the saturation rule's count) gets one instance until every other model has its measured-rate count"
     )
+    # A decode instance being removed holds its device until its longest sequence ends (14 s on the ablation's hot
+    # model), a prefill instance frees it at once. When the budget takes devices from a disaggregated model for
+    # another, the shrink comes out of its prefill instances first, so the other model's new instances find free
+    # devices at once; the next plan at the same count splits in proportion again (docs/sim.md, "Where the
+    # recovery's seconds go"; held while the budget bound, the skew starved prefill over a peak: bench/sim.md run 42).
     is_budget_shrink_prefill_first: bool = Field(
         default=True, description="a disaggregated model scaled down by the budget keeps the decode instances that "
         "shrink would drain and gives up prefill instances first (they free their devices at once)"

@@ -88,11 +88,10 @@ def _in_tiers(levels: Sequence[Mapping[str, int]], budget: int, priority: Mappin
     overrun `budget`. Every level that fits is given whole; the first that does not shares what the one below it
     leaves in proportion to what each model wants beyond it (the lowest level, if even it does not fit, is scaled as
     `scale_to_budget` scales, one instance kept for each model)."""
-    top = levels[-1]
-    clamped = [dict(top)]
+    clamped = [dict(levels[-1])]  # from the top down
     for level in reversed(levels[:-1]):
-        above = clamped[0]
-        clamped.insert(0, {m: min(max(0, level.get(m, 0)), above[m]) for m in top})
+        clamped.append({m: min(max(0, level.get(m, 0)), n) for m, n in clamped[-1].items()})
+    clamped.reverse()
     below: dict[str, int] | None = None
     for level in clamped:
         if sum(level.values()) > budget:
@@ -105,4 +104,4 @@ def _in_tiers(levels: Sequence[Mapping[str, int]], budget: int, priority: Mappin
                 out[m] += n
             return out
         below = level
-    return dict(top)
+    return dict(clamped[-1])

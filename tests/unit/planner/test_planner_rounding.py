@@ -102,15 +102,19 @@ def test_floors_are_served_before_padding():
     assert scale_to_budget({"a": 10, "b": 6}, 4, floor={"a": 2, "b": 6}) == scale_to_budget({"a": 2, "b": 6}, 4)
 
 
-@settings(max_examples=200, deadline=None)
-@given(desired_maps, st.integers(min_value=0, max_value=300), st.data())
-def test_tiered_scaling_never_exceeds_the_budget_and_keeps_the_floors_it_can(desired, budget, data):
+@settings(max_examples=300, deadline=None)
+@given(desired_maps, st.integers(min_value=0, max_value=300), st.booleans(), st.data())
+def test_tiered_scaling_never_exceeds_the_budget_and_keeps_each_tier_that_fits(desired, budget, has_first, data):
+    """Two tiers (floors, then the rest) or three (a first tier below the floors)."""
     floor = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in desired.items()}
-    out = scale_to_budget(desired, budget, floor=floor)
+    first = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in floor.items()} if has_first else None
+    out = scale_to_budget(desired, budget, floor=floor, first=first)
     assert set(out) == set(desired)
     assert sum(out.values()) == min(budget, sum(desired.values()))
     for m in desired:
         assert 0 <= out[m] <= desired[m]
+    if first is not None and sum(first.values()) <= budget:
+        assert all(out[m] >= first[m] for m in desired)
     if sum(floor.values()) <= budget:
         assert all(out[m] >= floor[m] for m in desired)
 
@@ -127,19 +131,3 @@ def test_a_first_tier_is_served_before_the_floors():
     # a first tier above the floor is held to it
     assert scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 2}, first={"a": 1, "b": 6}) == \
         scale_to_budget({"a": 10, "b": 6}, 8, floor={"a": 6, "b": 2}, first={"a": 1, "b": 2})
-
-
-@settings(max_examples=200, deadline=None)
-@given(desired_maps, st.integers(min_value=0, max_value=300), st.data())
-def test_three_tiers_never_exceed_the_budget_and_keep_each_tier_that_fits(desired, budget, data):
-    floor = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in desired.items()}
-    first = {m: data.draw(st.integers(min_value=0, max_value=n)) for m, n in floor.items()}
-    out = scale_to_budget(desired, budget, floor=floor, first=first)
-    assert set(out) == set(desired)
-    assert sum(out.values()) == min(budget, sum(desired.values()))
-    for m in desired:
-        assert 0 <= out[m] <= desired[m]
-    if sum(first.values()) <= budget:
-        assert all(out[m] >= first[m] for m in desired)
-    if sum(floor.values()) <= budget:
-        assert all(out[m] >= floor[m] for m in desired)
