@@ -21,7 +21,8 @@ def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
     in_mean = sum(wt * w.features.input_len_mean for wt, w in zip(weights, windows))
     in_second = sum(wt * (w.features.input_len_var + w.features.input_len_mean ** 2) for wt, w in zip(weights, windows))
     out_mean = sum(wt * w.features.output_len_mean for wt, w in zip(weights, windows))
-    out_second = sum(wt * (w.output_len_var + w.features.output_len_mean ** 2) for wt, w in zip(weights, windows))
+    out_second = sum(wt * (w.features.output_len_var + w.features.output_len_mean ** 2)
+                     for wt, w in zip(weights, windows))
     num_requests = sum(w.num_requests for w in windows)
     attained = [(w.ttft_attainment, w.num_requests) for w in windows if w.ttft_attainment is not None]
     attainment = None
@@ -43,8 +44,8 @@ def merge_windows(windows: list[ModelLoadWindow]) -> ModelLoadWindow:
             input_len_mean=in_mean,
             input_len_var=max(0.0, in_second - in_mean ** 2),
             output_len_mean=out_mean,
+            output_len_var=max(0.0, out_second - out_mean ** 2),
         ),
-        output_len_var=max(0.0, out_second - out_mean ** 2),
         ttft_attainment=attainment,
         token_attainment=min(token_attainment, 1.0) if token_attainment is not None else None,
         num_tokens_due=num_tokens_due,

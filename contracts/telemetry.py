@@ -13,6 +13,10 @@ class LoadFeatures(Message):
     input_len_mean: float = Field(ge=0)
     input_len_var: float = Field(ge=0)
     output_len_mean: float = Field(ge=0)
+    # Not a GP input (oracle/core/features.py): it prices a decode token for the P/D split. Long answers stay in a
+    # decode batch longer, so the context a decoding sequence holds grows with the spread of output lengths
+    # (oracle.roofline.decode_context_per_seq). 0: every answer as long as the mean.
+    output_len_var: float = Field(default=0.0, ge=0)
 
 
 class ModelLoadWindow(Message):
@@ -24,7 +28,6 @@ class ModelLoadWindow(Message):
     num_requests: int = Field(ge=0)
     request_rate_rps: float = Field(ge=0)
     features: LoadFeatures
-    output_len_var: float = Field(default=0.0, ge=0)
     ttft_attainment: float | None = Field(default=None, ge=0, le=1)
     # token-level attainment (the paper's measure, what profiles label): on-time output tokens over the tokens due,
     # of the requests that finished in the window (workers count them, contracts.RequestOutcome) and of those

@@ -228,14 +228,15 @@ class RooflineModel:
         """Device time of one decode token over one prefill token, each on an engine busy with its phase alone (how
         a prefill/decode split shares instances out): a prefill engine's step holds `max_num_batched_tokens` of
         prompts (at least one), a decode engine's step the largest batch that its KV cache holds and that steps
-        within the TPOT SLO. On a GPU a decode token costs several prefill tokens; on a device whose decode batch
-        is large and whose prefill is compute-bound it can be near 1 (docs/oracle.md, "Prefill and decode")."""
+        within the TPOT SLO, its sequences holding `decode_context_per_seq` tokens each. On a GPU a decode token
+        costs several prefill tokens; on a device whose decode batch is large and whose prefill is compute-bound it
+        can be near 1 (docs/oracle.md, "Prefill and decode")."""
         if tpot_slo_ms <= 0:
             raise ValueError("tpot_slo_ms must be > 0")
         prompt = max(features.input_len_mean, 1.0)
         num_prompts = max(1, int(self.efficiency.max_num_batched_tokens // prompt))
         prefill_ms_per_token = float(self.prefill_ms(num_prompts * prompt, num_prompts)) / (num_prompts * prompt)
-        ctx_per_seq = features.input_len_mean + features.output_len_mean / 2.0
+        ctx_per_seq = decode_context_per_seq(features)
         most = max(1, int(min(self.efficiency.max_num_seqs, self.max_num_kv_tokens / max(ctx_per_seq, 1.0))))
         low, high = 1, most  # the largest batch within the SLO: the step time grows with the batch
         while low < high:
@@ -308,6 +309,18 @@ class RooflineModel:
 
 
 @lru_cache(maxsize=4096)
+def decode_context_per_seq(features: LoadFeatures) -> float:
+    """Mean context of a sequence in a decode batch, in tokens: its prompt plus half its answer, averaged over decode
+    steps rather than over requests. A request of o output tokens is in o steps, so an answer of length o weighs o:
+    E[o^2] / (2 E[o]) = (mean^2 + var) / (2 mean). With the spread of the headline's answers (CV 1.7-2.5) that is
+    2-3x the mean's half, and a decode batch the KV cache holds is that much smaller (docs/oracle.md, "Prefill and
+    decode"). Prompts are taken as independent of answer lengths."""
+    mean = features.output_len_mean
+    if mean <= 0:
+        return features.input_len_mean
+    return features.input_len_mean + (mean * mean + features.output_len_var) / (2.0 * mean)
+
+
 def _quantile_prefills(model: RooflineModel, input_len_mean: float, input_len_var: float) -> tuple[np.ndarray, float]:
     """The prefill time of each prompt-length quantile of a load, and their mean: they depend on the lengths alone,
     and the elastic scaler's searches ask the same load at many replica counts, tick after tick. (The array is

@@ -32,7 +32,7 @@ class CachedOracle:
         self.oracle = oracle
         self.resolution = resolution
         self._elasticity: dict[tuple, tuple[float, float, float, str, str]] = {}
-        self._bucketed: dict[tuple[float, float, float, float], LoadFeatures] = {}
+        self._bucketed: dict[tuple[float, float, float, float, float], LoadFeatures] = {}
         self.num_hits = 0
         self.num_misses = 0
 
@@ -42,7 +42,7 @@ class CachedOracle:
 
     def _features(self, f: LoadFeatures) -> LoadFeatures:
         # a search asks the same load once per round: remember the bucketed copy of each load seen lately
-        raw = (f.token_rate_tps, f.input_len_mean, f.input_len_var, f.output_len_mean)
+        raw = (f.token_rate_tps, f.input_len_mean, f.input_len_var, f.output_len_mean, f.output_len_var)
         bucketed = self._bucketed.get(raw)
         if bucketed is None:
             if len(self._bucketed) >= MAX_ENTRIES:
@@ -50,7 +50,8 @@ class CachedOracle:
             r = self.resolution
             bucketed = self._bucketed[raw] = LoadFeatures.model_construct(
                 token_rate_tps=bucket(f.token_rate_tps, r), input_len_mean=bucket(f.input_len_mean, r),
-                input_len_var=bucket(f.input_len_var, 5 * r), output_len_mean=bucket(f.output_len_mean, r))
+                input_len_var=bucket(f.input_len_var, 5 * r), output_len_mean=bucket(f.output_len_mean, r),
+                output_len_var=bucket(f.output_len_var, 5 * r))
         return bucketed
 
     def capacity(self, query: CapacityQuery) -> CapacityReply:
@@ -65,7 +66,7 @@ class CachedOracle:
         for index, item in enumerate(query.items):
             f = self._features(item.features)
             fkey = (item.model, f.token_rate_tps, f.input_len_mean, f.input_len_var, f.output_len_mean,
-                    query.k_sigma)
+                    f.output_len_var, query.k_sigma)
             keyed.append((item, f, fkey))
             for m in item.replicas:
                 hit = self._elasticity.get((fkey, m))

@@ -52,7 +52,7 @@ from oracle.profile.run import (
 from oracle.roofline import Efficiency, RooflineModel
 
 from planner.core import ElasticPolicy
-from planner.core.elastic import split_prefill_decode
+from planner.core.elastic import priced_for_split, split_prefill_decode
 
 from .profile_device import SimDeviceProfiler
 from .scenario import Scenario, replicas_for, window_features
@@ -152,8 +152,9 @@ def planner_layout(elastic: ElasticPolicy, measured: RooflineModel | None = None
     else (prefill, decode), split by the decode-over-prefill token cost the oracle will tell it: that of
     `measured` (the roofline fitted to the profile's calibration steps), else the policy's."""
     def layout(point: GridPoint) -> tuple[int, int]:
-        ratio = measured.decode_token_cost_ratio(point.features, tpot_slo_ms) if measured is not None else None
-        num_prefill, num_decode = split_prefill_decode(point.num_replicas, point.features, elastic, ratio)
+        features = priced_for_split(point.features, elastic)
+        ratio = measured.decode_token_cost_ratio(features, tpot_slo_ms) if measured is not None else None
+        num_prefill, num_decode = split_prefill_decode(point.num_replicas, features, elastic, ratio)
         return (num_prefill, num_decode)
 
     return layout
@@ -163,6 +164,8 @@ def _layout_key(elastic: ElasticPolicy) -> dict:
     """What the layout depends on (part of the cache key and the profile's meta)."""
     key = {"split": "planner.core.split_prefill_decode", "min_num_disaggregated": elastic.min_num_disaggregated,
            "decode_token_cost_ratio": "measured: the calibrated roofline's (oracle.roofline)"}
+    if elastic.is_decode_priced_by_answer_spread:
+        key["decode_context"] = "length-biased by the output-length variance (oracle.roofline.decode_context_per_seq)"
     if elastic.decode_ratio_floor_from is not None:
         key["decode_ratio_floor"] = [elastic.decode_ratio_floor_from, elastic.decode_token_cost_ratio]
     return key

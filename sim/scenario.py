@@ -131,7 +131,7 @@ def window_features(trace: Trace, app: int, start_s: float, end_s: float) -> Loa
         return LoadFeatures(token_rate_tps=0.0, input_len_mean=0.0, input_len_var=0.0, output_len_mean=0.0)
     return LoadFeatures(token_rate_tps=float((inputs.sum() + outputs.sum()) / span),
                         input_len_mean=float(inputs.mean()), input_len_var=float(inputs.var()),
-                        output_len_mean=float(outputs.mean()))
+                        output_len_mean=float(outputs.mean()), output_len_var=float(outputs.var()))
 
 
 def replicas_for(roofline: RooflineModel, features: LoadFeatures, ttft_slo_s: float, tpot_slo_s: float,

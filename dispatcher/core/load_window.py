@@ -92,9 +92,9 @@ class LoadWindow:
             num_requests=num_requests,
             request_rate_rps=num_requests / span_s,
             features=LoadFeatures(
-                token_rate_tps=token_rate, input_len_mean=in_mean, input_len_var=in_var, output_len_mean=out_mean
+                token_rate_tps=token_rate, input_len_mean=in_mean, input_len_var=in_var, output_len_mean=out_mean,
+                output_len_var=out_var,
             ),
-            output_len_var=out_var,
             ttft_attainment=(num_on_time / num_outcomes) if num_outcomes else None,
             token_attainment=(self._num_tokens_on_time / self._num_tokens_due) if self._num_tokens_due else None,
             num_tokens_due=self._num_tokens_due,

@@ -221,11 +221,12 @@ class Oracle:
     def decode_token_cost_ratio(self, model: str, features: LoadFeatures) -> float | None:
         """Device time of a decode token over a prefill token for this load, from the model's calibrated roofline
         (None: no profile measured the device; the scaler uses its policy's ratio). Kept per model and bucketed
-        mean lengths: a tick asks the same loads again 0.5 s later."""
+        lengths: a tick asks the same loads again 0.5 s later."""
         profile = self._profiles.get(model)
         if profile is None or not profile.is_calibrated:
             return None
-        key = (model, _bucket(features.input_len_mean), _bucket(features.output_len_mean))
+        key = (model, _bucket(features.input_len_mean), _bucket(features.output_len_mean),
+               _bucket(features.output_len_var))
         if key not in self._ratio_cache:
             if len(self._ratio_cache) >= GRID_CACHE_SIZE:
                 self._ratio_cache.clear()

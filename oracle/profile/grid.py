@@ -6,6 +6,9 @@ from itertools import product
 
 from contracts import LoadFeatures
 
+# Output lengths of a mix without samples are log-normal with this CV around its mean (workload.py).
+OUTPUT_LEN_CV = 0.5
+
 
 @dataclass(frozen=True)
 class LengthMix:
@@ -32,6 +35,13 @@ class LengthMix:
     def input_len_var(self) -> float:
         return (self.input_len_cv * self.input_len_mean) ** 2
 
+    @property
+    def output_len_var(self) -> float:
+        """The samples' output-length variance, else that of the log-normal the workload draws (OUTPUT_LEN_CV)."""
+        if not self.samples:
+            return (OUTPUT_LEN_CV * self.output_len_mean) ** 2
+        return sum((o - self.output_len_mean) ** 2 for _, o in self.samples) / len(self.samples)
+
 
 @dataclass(frozen=True)
 class GridPoint:
@@ -44,7 +54,8 @@ class GridPoint:
         """The whole model's load (all replicas together)."""
         tokens_per_request = self.mix.input_len_mean + self.mix.output_len_mean
         return LoadFeatures(token_rate_tps=self.rate_rps * tokens_per_request, input_len_mean=self.mix.input_len_mean,
-                            input_len_var=self.mix.input_len_var, output_len_mean=self.mix.output_len_mean)
+                            input_len_var=self.mix.input_len_var, output_len_mean=self.mix.output_len_mean,
+                            output_len_var=self.mix.output_len_var)
 
 
 def load_grid(rates_rps: list[float], mixes: list[LengthMix], replicas: list[int]) -> list[GridPoint]:

@@ -233,7 +233,7 @@ def _features(requests: Sequence[SyntheticRequest], duration_s: float) -> LoadFe
     outputs = np.array([r.output_len for r in requests], dtype=float)
     return LoadFeatures(token_rate_tps=float((prompts.sum() + outputs.sum()) / duration_s),
                         input_len_mean=float(prompts.mean()), input_len_var=float(prompts.var()),
-                        output_len_mean=float(outputs.mean()))
+                        output_len_mean=float(outputs.mean()), output_len_var=float(outputs.var()))
 
 
 class Profiler:

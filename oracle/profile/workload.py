@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .grid import GridPoint
-
-OUTPUT_LEN_CV = 0.5
+from .grid import OUTPUT_LEN_CV, GridPoint
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,14 @@ class ElasticPolicy(_Policy):
         default=True, description="a disaggregated model scaled down by the budget keeps the decode instances that "
         "shrink would drain and gives up prefill instances first (they free their devices at once)"
     )
+    # Off: priced by the context a decoding sequence holds when answers spread (oracle.roofline.decode_context_per_seq;
+    # the 32B kind's ratio 1.07 -> 1.9-5.2), seed 0's learned Janus went from 0.9798 to 0.9864 token attainment but
+    # on 294.5 device-hours against 250.8: the profiles, run in that split, reach the target later at every count
+    # (docs/bench/sim.md, run 48). Off, a decode token is priced as if every answer were as long as the mean.
+    is_decode_priced_by_answer_spread: bool = Field(
+        default=False, description="the P/D split prices a decode token by the spread of the window's answer "
+        "lengths (longer-lived sequences fill a decode instance's KV cache sooner), not by their mean alone"
+    )
 
 
 class ReconcilerPolicy(_Policy):

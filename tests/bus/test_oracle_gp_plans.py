@@ -40,7 +40,7 @@ from oracle.profile.synthetic import roofline_training_set
 from oracle.roofline import RooflineModel
 from oracle.specs import h200, model_shape
 from planner.core import ElasticPolicy
-from planner.core.elastic import split_prefill_decode
+from planner.core.elastic import priced_for_split, split_prefill_decode
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
 
@@ -211,7 +211,12 @@ async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_f
                 assert target.reason.startswith(f"m*={expected}: bound"), target.reason
                 assert expected in prediction.replicas and (expected == 1 or expected - 1 in prediction.replicas)
                 # the split: by the decode-over-prefill token cost of the profile's fitted roofline, not the policy's
-                ratio = PROFILED.decode_token_cost_ratio(plan.loads[0].features, TPOT_SLO_MS)
+                # the answers' spread the dispatcher saw travels with the load; the split prices it only with
+                # is_decode_priced_by_answer_spread (off)
+                assert plan.loads[0].features.output_len_var == pytest.approx(features_at(rate).output_len_var)
+                assert plan.loads[0].features.output_len_var > 0
+                priced = priced_for_split(plan.loads[0].features, ElasticPolicy())
+                ratio = PROFILED.decode_token_cost_ratio(priced, TPOT_SLO_MS)
                 assert prediction.decode_token_cost_ratio == pytest.approx(ratio, rel=1e-6)
                 layout = split_prefill_decode(expected, plan.loads[0].features, ElasticPolicy(), ratio)
                 is_settled = target.num_prefill + target.num_decode == expected  # not a debounced count

@@ -453,7 +453,7 @@ def test_load_window_numbers():
     assert w.request_rate_rps == pytest.approx(4.0)
     assert w.features.input_len_mean == pytest.approx(2000.0)
     assert w.features.input_len_var == pytest.approx(1_000_000.0)
-    assert w.features.output_len_mean == pytest.approx(20.0) and w.output_len_var == pytest.approx(100.0)
+    assert w.features.output_len_mean == pytest.approx(20.0) and w.features.output_len_var == pytest.approx(100.0)
     assert w.features.token_rate_tps == pytest.approx(4040.0 / 0.5)
     assert w.ttft_attainment is None  # no first token yet
     assert w.queue_depth == core.queue_depth("m")

@@ -12,7 +12,7 @@ from oracle.core import ModelProfile, Oracle, TrainingSet, calibrated_profile, r
 from oracle.training_files import load_training_set, save_training_set
 from oracle.profile.grid import GridPoint, LengthMix
 from oracle.profile.synthetic import roofline_training_set
-from oracle.roofline import Efficiency, RooflineModel
+from oracle.roofline import Efficiency, RooflineModel, decode_context_per_seq
 from oracle.specs import device, model_shape
 
 ROOFLINE = RooflineModel(device("nvidia-h200"), model_shape("qwen2-7b"))
@@ -43,6 +43,29 @@ def test_the_ratio_is_per_token_decode_at_the_slo_batch_over_per_token_prefill_i
     assert ratio == pytest.approx(ROOFLINE.decode_step_ms(best, best * ctx) / best / per_prefill_token, rel=1e-9)
 
 
+def test_a_decoding_sequence_holds_more_context_the_more_answer_lengths_spread():
+    # prompt + half the answer, averaged over decode steps: an answer of o tokens is in o steps
+    assert decode_context_per_seq(CHAT) == pytest.approx(1_000.0 + 150.0)
+    spread = CHAT.model_copy(update={"output_len_var": 300.0 ** 2})  # CV 1: twice the half answer
+    assert decode_context_per_seq(spread) == pytest.approx(1_000.0 + 300.0)
+    answers = [1, 1, 1, 897]  # mean 225: three one-token answers and one long one
+    steps = [(1_000.0 + k) for o in answers for k in range(o)]  # each step's context, prompt + tokens so far
+    measured = CHAT.model_copy(update={"output_len_mean": 225.0, "output_len_var": float(
+        sum((o - 225.0) ** 2 for o in answers) / 4)})
+    assert decode_context_per_seq(measured) == pytest.approx(sum(steps) / len(steps), rel=2e-3)
+    assert decode_context_per_seq(CHAT.model_copy(update={"output_len_mean": 0.0})) == 1_000.0
+
+
+def test_spread_answers_fill_the_kv_cache_sooner_and_price_a_decode_token_dearer():
+    # the 32B kind of the simulated die: a batch of ~650-token contexts is capped by max_num_seqs, one of
+    # length-biased contexts by the KV cache (docs/oracle.md, "Prefill and decode")
+    big = RooflineModel(device("ascend-910c-die"), model_shape("qwen2.5-32b"), tp=2)
+    mean = LoadFeatures(token_rate_tps=3e5, input_len_mean=320.0, input_len_var=0.0, output_len_mean=660.0)
+    ratios = [big.decode_token_cost_ratio(mean.model_copy(update={"output_len_var": (cv * 660.0) ** 2}), 68.0)
+              for cv in (0.0, 0.5, 1.0, 1.7)]
+    assert ratios == sorted(ratios) and ratios[-1] > 1.5 * ratios[0]
+
+
 def _oracle(is_calibrated: bool) -> Oracle:
     return Oracle({"m": ModelProfile(ROOFLINE, 500.0, 50.0, is_calibrated=is_calibrated)})
 
@@ -54,6 +77,12 @@ def test_only_a_calibrated_profile_tells_the_scaler_a_ratio(is_calibrated):
     ratio = reply.predictions[0].decode_token_cost_ratio
     if is_calibrated:
         assert ratio == pytest.approx(ROOFLINE.decode_token_cost_ratio(CHAT, 50.0))
+        # the answers' spread is part of the load the ratio is kept for: no answer of another load's
+        spread = CHAT.model_copy(update={"output_len_var": 600.0 ** 2})
+        again = _oracle(True)
+        again.elasticity(ElasticityQuery(items=(ElasticityItem(model="m", features=CHAT, replicas=(1,)),)))
+        assert again.decode_token_cost_ratio("m", spread) == pytest.approx(
+            ROOFLINE.decode_token_cost_ratio(spread, 50.0))
     else:
         assert ratio is None  # the datasheet's default efficiencies were never measured
 

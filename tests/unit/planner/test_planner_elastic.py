@@ -158,6 +158,34 @@ def test_the_scaler_splits_by_the_oracles_measured_ratio(measured):
     assert abs(hot.num_prefill / total - share) <= 1.0 / total
 
 
+@pytest.mark.parametrize("is_priced", [False, True])
+def test_the_answers_spread_prices_decode_only_with_the_knob(is_priced):
+    """`is_decode_priced_by_answer_spread` (off by default): the scaler asks the oracle's ratio for the window's
+    answer-length spread, a decode token dearer where long answers fill a decode instance's KV cache; off, for
+    answers all as long as the mean. The calibrated roofline of the simulated die's 32B kind answers."""
+    from oracle.core import ModelProfile, Oracle
+    from oracle.roofline import RooflineModel
+    from oracle.specs import device, model_shape
+
+    assert ElasticPolicy().is_decode_priced_by_answer_spread is False
+    big = RooflineModel(device("ascend-910c-die"), model_shape("qwen2.5-32b"), tp=2)
+    oracle = Oracle({"big": ModelProfile(big, 1_000.0, 68.0, roofline_attainment_std=0.0, is_calibrated=True)})
+    policy = bare_elastic(is_debounced=False, is_decode_priced_by_answer_spread=is_priced)
+    scaler = ElasticScaler(oracle, policy)
+    spread = LoadFeatures(token_rate_tps=20.0 * (320.0 + 660.0), input_len_mean=320.0, input_len_var=0.0,
+                          output_len_mean=660.0, output_len_var=(1.7 * 660.0) ** 2)
+    scaler.observe(window("big", 20.0, 1000.0).model_copy(update={"features": spread}))
+    target = scaler.tick(1000.0, ["big"], budget_devices=400, devices_per_instance={"big": 2}).plan.targets[0]
+    priced = spread if is_priced else spread.model_copy(update={"output_len_var": 0.0})
+    ratio = big.decode_token_cost_ratio(priced, 68.0)
+    assert target.prediction.decode_token_cost_ratio == pytest.approx(ratio, rel=0.02)
+    total = target.num_prefill + target.num_decode
+    told = target.prediction.decode_token_cost_ratio
+    assert total >= 3 and (target.num_prefill, target.num_decode) == split_prefill_decode(total, spread, policy, told)
+    mean_only = big.decode_token_cost_ratio(spread.model_copy(update={"output_len_var": 0.0}), 68.0)
+    assert (ratio > 1.5 * mean_only) is is_priced
+
+
 def test_tick_produces_a_plan_with_predictions_and_reasons():
     oracle = TableOracle(version="v7")
     scaler = ElasticScaler(oracle, bare_elastic(target_attainment=0.95, is_debounced=False))

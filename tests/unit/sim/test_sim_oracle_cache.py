@@ -61,3 +61,18 @@ def test_the_decode_token_cost_ratio_goes_with_the_answer():
     hit = cached.elasticity(_query(20_000.0, (2,))).predictions[0]
     assert cached.num_hits == 1
     assert miss.decode_token_cost_ratio == hit.decode_token_cost_ratio == pytest.approx(want, rel=0.05)
+
+
+def test_loads_that_differ_only_in_their_answers_spread_get_their_own_ratio():
+    # the ratio prices a decode token by the context a decoding sequence holds, which grows with the spread of the
+    # answers (oracle.roofline.decode_context_per_seq): a memo keyed without it answered one for both
+    rm = RooflineModel(device("ascend-910c-die"), model_shape("qwen2.5-32b"), 2)
+    calibrated = Oracle({"m": ModelProfile(rm, 1000.0, 68.0, roofline_attainment_std=0.0, is_calibrated=True)})
+    cached = CachedOracle(calibrated)
+    f = LoadFeatures(token_rate_tps=3e5, input_len_mean=320.0, input_len_var=1e5, output_len_mean=660.0)
+    spread = f.model_copy(update={"output_len_var": (1.7 * 660.0) ** 2})
+    ratios = [cached.elasticity(ElasticityQuery(items=(ElasticityItem(model="m", features=g, replicas=(8,)),)))
+              .predictions[0].decode_token_cost_ratio for g in (f, spread)]
+    assert cached.num_misses == 2
+    assert ratios[1] > 1.5 * ratios[0]
+    assert ratios[1] == pytest.approx(calibrated.decode_token_cost_ratio("m", spread), rel=0.05)

@@ -96,6 +96,9 @@ def test_busy_kinds_profile_more_replicas_and_the_layout_keys_the_cache(tmp_path
                                                                          ElasticPolicy())
     assert cache_path(scenario, group, replace(SIM_PLAN, replicas=(1, 2)), tmp_path) != \
         cache_path(scenario, group, SIM_PLAN, tmp_path)
+    # nor can a split priced by the answers' spread reuse one laid out without it
+    priced = ElasticPolicy(is_decode_priced_by_answer_spread=True)
+    assert cache_path(scenario, group, SIM_PLAN, tmp_path, priced) != cache_path(scenario, group, SIM_PLAN, tmp_path)
 
 
 @pytest.mark.parametrize("shape, tp", [("qwen2-7b", 1), ("qwen2.5-32b", 2)])
@@ -108,9 +111,13 @@ def test_the_profile_measures_the_split_ratio_the_scaler_is_told(shape, tp):
     tpot_ms = 50.0
     mix = LengthMix("long-answers", 260, 0.5, 670)
     point = GridPoint(40.0, mix, 8)
-    measured = profiler.roofline.decode_token_cost_ratio(point.features, tpot_ms)
-    truth = cost.roofline.decode_token_cost_ratio(point.features, tpot_ms)
-    assert measured == pytest.approx(truth, rel=0.15)
-    layout = planner_layout(ElasticPolicy(), profiler.roofline, tpot_ms)
-    assert layout(point) == split_prefill_decode(8, point.features, ElasticPolicy(), measured)
+    for policy in (ElasticPolicy(), ElasticPolicy(is_decode_priced_by_answer_spread=True)):
+        # the answers' spread (the mix's CV 0.5) is in the price only with the knob, as in the scaler
+        priced = point.features if policy.is_decode_priced_by_answer_spread else \
+            point.features.model_copy(update={"output_len_var": 0.0})
+        measured = profiler.roofline.decode_token_cost_ratio(priced, tpot_ms)
+        truth = cost.roofline.decode_token_cost_ratio(priced, tpot_ms)
+        assert measured == pytest.approx(truth, rel=0.15)
+        layout = planner_layout(policy, profiler.roofline, tpot_ms)
+        assert layout(point) == split_prefill_decode(8, point.features, policy, measured)
     assert planner_layout(ElasticPolicy())(point) == split_prefill_decode(8, point.features, ElasticPolicy())
