@@ -308,7 +308,6 @@ class RooflineModel:
         return out
 
 
-@lru_cache(maxsize=4096)
 def decode_context_per_seq(features: LoadFeatures) -> float:
     """Mean context of a sequence in a decode batch, in tokens: its prompt plus half its answer, averaged over decode
     steps rather than over requests. A request of o output tokens is in o steps, so an answer of length o weighs o:
@@ -321,6 +320,7 @@ def decode_context_per_seq(features: LoadFeatures) -> float:
     return features.input_len_mean + (mean * mean + features.output_len_var) / (2.0 * mean)
 
 
+@lru_cache(maxsize=4096)
 def _quantile_prefills(model: RooflineModel, input_len_mean: float, input_len_var: float) -> tuple[np.ndarray, float]:
     """The prefill time of each prompt-length quantile of a load, and their mean: they depend on the lengths alone,
     and the elastic scaler's searches ask the same load at many replica counts, tick after tick. (The array is

@@ -176,3 +176,17 @@ def test_attainment_for_many_counts_is_each_count_worked_out_alone(rate, in_mean
                         token_attainment(point, prefill, eq.prefill_busy_share, eq.tpot_ms, 2000.0, 80.0))
     assert rm.attainment_many(f, ms, 2000.0, 80.0) == expected
     assert [rm.attainment(f, m, 2000.0, 80.0) for m in ms] == expected
+
+
+def test_a_loads_prompt_quantiles_are_timed_once_for_every_replica_count():
+    # the elastic scaler asks one load at many counts, tick after tick; the quantiles' prefill times depend on the
+    # lengths alone (a decorator moved off this function by an edit cost the simulator its cache, silently)
+    from oracle import roofline
+
+    model = RooflineModel(H200, model_shape("llama-3-8b"))
+    load = LoadFeatures(token_rate_tps=40_000.0, input_len_mean=733.0, input_len_var=9e4, output_len_mean=91.0)
+    roofline._quantile_prefills.cache_clear()
+    model.attainment_many(load, (1, 2, 4), 1_000.0, 50.0)
+    model.attainment_many(load, (8, 16), 1_000.0, 50.0)
+    info = roofline._quantile_prefills.cache_info()
+    assert info.misses == 1 and info.hits >= 1
