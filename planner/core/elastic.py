@@ -63,28 +63,37 @@ def shrink_prefill_first(before: PD, after: PD) -> PD:
     return (total - num_decode, num_decode)
 
 
+def _unpriced_spread(features: LoadFeatures, policy: ElasticPolicy) -> dict[str, float]:
+    """The update that leaves the answers' spread out of the split's price (none with the knob on, or no spread)."""
+    if policy.is_decode_priced_by_answer_spread or features.output_len_var == 0:
+        return {}
+    return {"output_len_var": 0.0}
+
+
 def priced_for_split(features: LoadFeatures, policy: ElasticPolicy) -> LoadFeatures:
     """The load as the P/D split prices it: the oracle's decode-over-prefill token cost is asked for these features,
     so without `is_decode_priced_by_answer_spread` the answers' spread is left out (every answer as long as the
     mean). The profiles lay their points out the same way (sim/oracle_training.py)."""
-    if policy.is_decode_priced_by_answer_spread or features.output_len_var == 0:
-        return features
-    return features.model_copy(update={"output_len_var": 0.0})
+    update = _unpriced_spread(features, policy)
+    return features.model_copy(update=update) if update else features
 
 
 def load_to_size_for(window: ModelLoadWindow, policy: ElasticPolicy, headroom: float | None = None) -> LoadFeatures:
     """The load to size replicas for: the window's token rate times `load_headroom` (or `headroom`), plus the tokens
     of the requests queued at the dispatchers spread over `backlog_drain_s`. A 5 s window's rate is a noisy, lagging
     estimate of the next seconds' (a fork takes a second or more to serve), so sizing for exactly the measured rate
-    leaves every burst short; and after a saturated period the arrival rate says nothing of the queue left behind."""
-    features = priced_for_split(window.features, policy)
+    leaves every burst short; and after a saturated period the arrival rate says nothing of the queue left behind.
+    Priced for the split as `priced_for_split` says (one copy of the features at most: every busy model, every
+    tick)."""
+    features = window.features
     token_rate = features.token_rate_tps * (policy.load_headroom if headroom is None else headroom)
     if policy.backlog_drain_s > 0 and window.queue_depth:
         tokens_per_request = features.input_len_mean + features.output_len_mean
         token_rate += window.queue_depth * tokens_per_request / policy.backlog_drain_s
-    if token_rate == features.token_rate_tps:
-        return features
-    return features.model_copy(update={"token_rate_tps": token_rate})
+    update = _unpriced_spread(features, policy)
+    if token_rate != features.token_rate_tps:
+        update["token_rate_tps"] = token_rate
+    return features.model_copy(update=update) if update else features
 
 
 def unpadded_counts(desired: Mapping[str, int], loads: Mapping[str, ModelLoadWindow],
