@@ -122,10 +122,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     ttft = args.ttft_slo_ms or plan.harness_settings().ttft_slo_ms
     tpot = args.tpot_slo_ms or plan.harness_settings().tpot_slo_ms
+    from oracle.core.policy import OraclePolicy
+
     try:
+        lifetime_answer = OraclePolicy.from_knobs(cluster.oracle).profile_lifetime_answer
         settings_ = plan.harness_settings(ttft_slo_ms=ttft, tpot_slo_ms=tpot, seed=args.seed,
                                           max_num_seqs=cluster.workers.max_num_seqs,
-                                          hbm_bytes=cluster.workers.pool_bytes)
+                                          hbm_bytes=cluster.workers.pool_bytes, lifetime_answer=lifetime_answer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     print(f"janus profile: {spec.name} ({model_dir}) on this CPU, {plan.name} plan: {plan.num_points} points, "

@@ -16,7 +16,8 @@ from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .bus_oracle import BusOracle
-from .core.fleet_state import elastic_budget_devices, elastic_models_of, in_flight_by_model, reported
+from .core.fleet_state import decode_kv_by_model, elastic_budget_devices, elastic_models_of, in_flight_by_model
+from .core.fleet_state import reported
 from .core.elastic import ElasticScaler, plan_decision
 from .core.oracle_port import OracleAnswerError
 from .core.policy import PlannerPolicy
@@ -118,6 +119,7 @@ class ElasticScalerService(Elected, Service):
         instances = reported(self.workers.heartbeats(now))
         budget = elastic_budget_devices(self.workers.alive(now), self.steady_plan, instances)
         in_flight = in_flight_by_model(instances)
+        decode_kv = decode_kv_by_model(instances)
         elastic_models = elastic_models_of(self.steady_plan, [m.name for m in self.cluster.models])
         windows, self._windows = self._windows, []
         core = self.core
@@ -126,7 +128,7 @@ class ElasticScalerService(Elected, Service):
             for w in windows:
                 core.observe(w)
             t0 = time.perf_counter()
-            decision = core.tick(now, elastic_models, budget, in_flight=in_flight)
+            decision = core.tick(now, elastic_models, budget, in_flight=in_flight, decode_kv=decode_kv)
             return decision, (time.perf_counter() - t0) * 1e3
 
         try:

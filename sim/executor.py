@@ -52,7 +52,7 @@ class SimInstance:
     __slots__ = ("instance_id", "app", "role", "pool", "cost", "executor", "table", "waiting", "head_done_tokens",
                  "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready",
                  "num_in_flight", "seq", "max_num_batched_tokens", "worker_id", "created_s", "ready_at_s",
-                 "done_unscored", "forked_from_until_s")
+                 "done_unscored", "forked_from_until_s", "kv_bytes_used")
 
     def __init__(self, instance_id: str, app: int, role: str, pool: str, cost: StepCost, table: RequestTable,
                  max_num_batched_tokens: int = 8192, worker_id: str = ""):
@@ -68,6 +68,7 @@ class SimInstance:
         self.waiting: deque[int] = deque()
         self.head_done_tokens = 0  # prompt tokens of waiting[0] already prefilled (chunked prefill)
         self.num_reserved = 0  # waiting[:num_reserved] hold their KV reservation
+        self.kv_bytes_used = 0.0  # the KV its requests hold on the executor (reported in its heartbeat)
         self.batch = 0
         self.ctx_base = 0  # sum over the batch of (prompt + 1 - join round); context = ctx_base + batch * rounds
         self.finish_heap: list[tuple[int, int]] = []  # (finish round, request)
@@ -254,6 +255,7 @@ class Executor:
                 if need > self.free_hbm_bytes:
                     break  # head-of-line: waits for running requests to free KV
                 self.kv_used_bytes += need
+                inst.kv_bytes_used += need
                 inst.num_reserved += 1
             left = table.input_tokens[request] - (inst.head_done_tokens if pos == 0 else 0)
             take = left if left < budget else budget
@@ -276,6 +278,7 @@ class Executor:
                 skipped.append(request)
                 continue
             self.kv_used_bytes += need
+            inst.kv_bytes_used += need
             self._join(inst, request, table)
         if skipped:
             skipped.extend(inst.waiting)
@@ -313,11 +316,11 @@ class Executor:
                 if now_s <= table.arrival_s[request] + table.ttft_slo_s[request] + ON_TIME_EPS_S:
                     table.num_on_time[request] += 1
                 if inst.role == "prefill":
-                    self.kv_used_bytes -= inst.kv_bytes(request)
+                    self._release(inst, request)
                     inst.num_in_flight -= 1
                     hooks.on_first_token(inst, request, now_s)
                 elif table.output_tokens[request] <= 1:
-                    self.kv_used_bytes -= inst.kv_bytes(request)
+                    self._release(inst, request)
                     table.finish_s[request] = now_s
                     inst.num_in_flight -= 1
                     hooks.on_first_token(inst, request, now_s)
@@ -337,11 +340,16 @@ class Executor:
             if inst.is_draining and not inst.waiting and not inst.batch:
                 hooks.on_instance_idle(inst, now_s)
 
+    def _release(self, inst: SimInstance, request: int) -> None:
+        need = inst.kv_bytes(request)
+        self.kv_used_bytes -= need
+        inst.kv_bytes_used -= need
+
     def _complete(self, inst: SimInstance, request: int, now_s: float) -> None:
         table = inst.table
         inst.batch -= 1
         inst.ctx_base -= table.input_tokens[request] + 1 - table.join_round[request]
-        self.kv_used_bytes -= inst.kv_bytes(request)
+        self._release(inst, request)
         table.finish_s[request] = now_s
         inst.done_unscored.append((request, table.join_seg[request], inst.segs.end))
         if len(inst.done_unscored) >= SCORE_BATCH:

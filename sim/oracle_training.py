@@ -180,9 +180,12 @@ def _settings(group: Group, plan: ProfilePlan, seed: int) -> HarnessSettings:
 def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: Path,
                elastic: ElasticPolicy | None = None) -> Path:
     """Where this group's profile is kept: named by everything the profile depends on."""
+    plan_key = asdict(plan)
+    if plan.lifetime_answer == "mean":
+        del plan_key["lifetime_answer"]  # the profiles made before the option keep their name
     key = json.dumps({"device": asdict(scenario.device), "efficiency": asdict(scenario.efficiency),
                       "effects": asdict(scenario.effects), "shape": group.shape_name, "tp": group.tp,
-                      "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": asdict(plan),
+                      "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": plan_key,
                       "max_requests_per_point": MAX_REQUESTS_PER_POINT,
                       "layout": _layout_key(elastic or ElasticPolicy()), "scoring": SCORING,
                       "pilot_samples": "in the training set when long enough (harness.is_pilot_long_enough)",
@@ -277,9 +280,11 @@ def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_
     """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
     fitted efficiencies) as the fallback and the group's two GPs, the apps of a group learning together (one pool of
     samples, `Oracle.share`: online, each refit learns from all their windows). `elastic`: the scaler policy whose
-    layout was profiled (default: the live default); `policy`: the oracle's knobs (default: the live default)."""
+    layout was profiled (default: the live default); `policy`: the oracle's knobs (default: the live default; its
+    `profile_lifetime_answer` sets the plan's, as `janus profile` takes it from the cluster YAML)."""
     from oracle.gp import gp_oracle
 
+    plan = replace(plan, lifetime_answer=(policy or OraclePolicy()).profile_lifetime_answer)
     oracle = gp_oracle(policy=policy)
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)

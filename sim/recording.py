@@ -192,13 +192,16 @@ class RecordingPlanner:
         return decision
 
     def tick(self, now_ms: float, elastic_models, budget_devices: int, *, devices_per_instance=None,
-             in_flight=None):
+             in_flight=None, decode_kv=None):
         decision = self.planner.tick(now_ms, elastic_models, budget_devices,
-                                     devices_per_instance=devices_per_instance, in_flight=in_flight)
+                                     devices_per_instance=devices_per_instance, in_flight=in_flight,
+                                     decode_kv=decode_kv)
         self.recorder.add("elastic", "tick", {"now_ms": now_ms, "models": list(elastic_models),
                                               "budget_devices": budget_devices,
                                               "devices_per_instance": dict(devices_per_instance or {}),
-                                              "in_flight": dict(in_flight or {})}, elastic_decision(decision.plan))
+                                              "in_flight": dict(in_flight or {}),
+                                              "decode_kv": {m: list(kv) for m, kv in (decode_kv or {}).items()}},
+                          elastic_decision(decision.plan))
         return decision
 
 
@@ -295,7 +298,7 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
     """Feed every recorded input to fresh cores built from the header; compare each decision with the recorded
     one. `prefill_time`: the dispatcher's PrefillTimeModel (default: rebuilt from the header)."""
     from dispatcher.core import DispatcherCore
-    from planner.core import ElasticScaler, PlannerPolicy, Reconciler, SteadyPlanner
+    from planner.core import DecodeKV, ElasticScaler, PlannerPolicy, Reconciler, SteadyPlanner
 
     config = header["config"]
     policy = DispatchPolicy.model_validate(config["dispatch_policy"])
@@ -337,7 +340,9 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
         elif core == "elastic" and call == "tick":
             got = elastic_decision(scaler.tick(args["now_ms"], args["models"], args["budget_devices"],
                                                devices_per_instance=args.get("devices_per_instance"),
-                                               in_flight=args.get("in_flight")).plan)
+                                               in_flight=args.get("in_flight"),
+                                               decode_kv={m: DecodeKV(*kv) for m, kv in
+                                                          args.get("decode_kv", {}).items()}).plan)
         elif core == "reconciler":
             got = _replay_reconciler(reconciler, heartbeats, call, args)
             if got is None:

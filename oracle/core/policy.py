@@ -43,6 +43,11 @@ class OraclePolicy:
     # load per replica but not what a prompt 3x longer than any it saw does to the time to first token (docs/oracle.md,
     # "Past the profiled lengths"). 0 turns the cap off.
     length_extrapolation_factor: float = 1.25
+    # How long the profiles' points run (`janus profile`, and the simulator's profiles of its devices): at least
+    # `min_request_lifetimes` lifetimes of the mixes' mean answer, or of the answer in flight (mean + variance /
+    # mean: a heavy-tailed mix's decode KV fills over that). "in-flight" met 0.99 on every seed of the headline with
+    # the learned oracle, on 17-19 % more device-hours (docs/bench/sim.md run 48; HarnessSettings.lifetime_answer).
+    profile_lifetime_answer: Literal["mean", "in-flight"] = "mean"
 
     # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
     SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})

@@ -35,6 +35,7 @@ from .workload import SyntheticRequest, synth_requests
 MIB = 1 << 20
 MIN_PILOT_REQUESTS = 8  # the knee search's first pilot has at least this many arrivals
 CLOCKS = ("thread_cpu", "wall", "step_cost")
+LIFETIME_ANSWERS = ("mean", "in-flight")
 _CLOCK_NOTES = {"thread_cpu": "measured thread CPU time", "wall": "measured wall time",
                 "step_cost": "cost by its shape (step_cost.py, fitted at start)"}
 
@@ -85,6 +86,12 @@ class HarnessSettings:
     # die's 32B kind: 8 s points of 500-token answers at a 68 ms TPOT, a 35 s lifetime, measured one replica at 1.0
     # where its batch would need 600 sequences; docs/bench/sim.md run 31). 0: duration_s alone.
     min_request_lifetimes: float = 2.0
+    # Which answer a lifetime is counted in (`lifetime_output_len`): "mean", the mix's mean answer, or "in-flight",
+    # the answer a sequence in flight has on average, mean + variance / mean. A heavy-tailed mix's decode KV fills
+    # over the latter: the simulated die's 32B mixes have mean answers of 19-578 tokens and in-flight ones of
+    # 319-2,437. Points that long met 0.99 on every seed of the headline, on 17-19 % more device-hours
+    # (docs/bench/sim.md run 48): "mean" by default.
+    lifetime_answer: str = "mean"
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s < 0 or self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
@@ -99,6 +106,9 @@ class HarnessSettings:
             raise ValueError("HarnessSettings.hbm_bytes must be > 0")
         if self.clock not in CLOCKS:
             raise ValueError(f"HarnessSettings.clock: one of {', '.join(CLOCKS)}, not {self.clock!r}")
+        if self.lifetime_answer not in LIFETIME_ANSWERS:
+            raise ValueError(f"HarnessSettings.lifetime_answer: one of {', '.join(LIFETIME_ANSWERS)}, not "
+                             f"{self.lifetime_answer!r}")
         if self.clock != "wall" and self.torch_threads != 1:
             raise ValueError(f"{self.clock} clock needs torch_threads=1 (other threads' work would go uncounted)")
         if self.clock == "step_cost" and self.is_speed_corrected:
@@ -162,11 +172,22 @@ def request_lifetime_s(output_len_mean: float, settings: HarnessSettings) -> flo
     return settings.ttft_slo_ms / 1e3 + output_len_mean * settings.tpot_slo_ms / 1e3
 
 
-def point_duration_s(output_len_mean: float, settings: HarnessSettings, base_s: float | None = None) -> float:
+def lifetime_output_len(mix: LengthMix, settings: HarnessSettings) -> float:
+    """The answer, in tokens, a point's lifetimes are counted in (`HarnessSettings.lifetime_answer`): the mix's mean,
+    or the answer in flight, mean + variance / mean (a sequence is in flight for as long as its answer, so the
+    sequences in flight at a moment are length-biased: E[o^2] / E[o])."""
+    mean = mix.output_len_mean
+    if settings.lifetime_answer == "mean" or mean <= 0:
+        return mean
+    return mean + mix.output_len_var / mean
+
+
+def point_duration_s(output_len: float, settings: HarnessSettings, base_s: float | None = None) -> float:
     """How long a run's arrivals span: `base_s` (a grid point's: `duration_s`; a pilot's: the plan's pilot length),
-    or `min_request_lifetimes` lifetimes if longer (before `max_requests_per_point` shortens a run past the knee)."""
+    or `min_request_lifetimes` lifetimes of an `output_len`-token answer (`lifetime_output_len`) if longer (before
+    `max_requests_per_point` shortens a run past the knee)."""
     base_s = settings.duration_s if base_s is None else base_s
-    return max(base_s, settings.min_request_lifetimes * request_lifetime_s(output_len_mean, settings))
+    return max(base_s, settings.min_request_lifetimes * request_lifetime_s(output_len, settings))
 
 
 def is_pilot_long_enough(features: LoadFeatures, horizon_s: float, settings: HarnessSettings) -> bool:
@@ -344,7 +365,7 @@ class Profiler:
         # answers at a 60 ms TPOT (a 36 s lifetime) put the simulated die's 14B knee at 4.2 requests a second where
         # the device holds ~1.1; the grid's loads, placed around that knee, then left the real one unmeasured at
         # every m and the GP sized that kind at twice the instances it needs (docs/bench/sim.md, run 33).
-        duration_s = point_duration_s(mix.output_len_mean, self.settings, duration_s)
+        duration_s = point_duration_s(lifetime_output_len(mix, self.settings), self.settings, duration_s)
         ok, bad, runs, samples = None, None, [], []
         rate = max(start_rps, MIN_PILOT_REQUESTS / duration_s)
         for i in range(max_runs):
@@ -375,7 +396,7 @@ class Profiler:
         if duration_s is not None:
             s = replace(s, duration_s=duration_s, drain_s=min(s.drain_s, duration_s))
         else:  # a grid point (a pilot keeps its length: is_pilot_long_enough)
-            s = replace(s, duration_s=point_duration_s(point.mix.output_len_mean, s))
+            s = replace(s, duration_s=point_duration_s(lifetime_output_len(point.mix, s), s))
         if s.max_requests_per_point is not None and point.rate_rps * s.duration_s > s.max_requests_per_point:
             s = replace(s, duration_s=max(s.min_duration_s, s.max_requests_per_point / point.rate_rps))
         if point.num_replicas > len(self.engines):

@@ -31,6 +31,7 @@ from .harness import (
     HarnessSettings,
     Profiler,
     capacity_rps,
+    lifetime_output_len,
     point_duration_s,
     profile_model,
     random_grid,
@@ -56,6 +57,7 @@ class ProfilePlan:
     step_cost_rounds: int = 3
     # a point's arrivals span at least this many request lifetimes (HarnessSettings.min_request_lifetimes)
     min_request_lifetimes: float = 2.0
+    lifetime_answer: str = "mean"  # HarnessSettings.lifetime_answer: "mean" or "in-flight"
 
     def __post_init__(self) -> None:
         if not self.replicas or min(self.replicas) < 1 or not self.mixes:
@@ -75,7 +77,7 @@ class ProfilePlan:
     def harness_settings(self, **overrides) -> HarnessSettings:
         """HarnessSettings with this plan's durations and step-cost passes (`overrides` win)."""
         base = {"duration_s": self.duration_s, "drain_s": self.drain_s, "step_cost_rounds": self.step_cost_rounds,
-                "min_request_lifetimes": self.min_request_lifetimes}
+                "min_request_lifetimes": self.min_request_lifetimes, "lifetime_answer": self.lifetime_answer}
         return HarnessSettings(**{**base, **overrides})
 
     def grid(self, capacities_rps: dict[str, float], settings: HarnessSettings) -> list[GridPoint]:
@@ -166,10 +168,10 @@ def profile_checkpoint(model_dir: str | Path, out_path: str | Path, *, model: st
     started = time.perf_counter()
     progress = _progress(show_progress)
     note = say or (lambda line: progress.console.print(line, highlight=False))
-    pilot_s = {mix.name: point_duration_s(mix.output_len_mean, settings, plan.pilot_duration_s)
+    pilot_s = {mix.name: point_duration_s(lifetime_output_len(mix, settings), settings, plan.pilot_duration_s)
                for mix in plan.mixes}
     pilot_units = {name: s + min(settings.drain_s, s) for name, s in pilot_s.items()}
-    point_units = {mix.name: point_duration_s(mix.output_len_mean, settings) + settings.drain_s
+    point_units = {mix.name: point_duration_s(lifetime_output_len(mix, settings), settings) + settings.drain_s
                    for mix in plan.mixes}
     calibration_units = 2.0 * settings.step_cost_rounds + 1.0
     # units ~ virtual replica-seconds, which is what the time goes on (the bar's time left is honest enough)

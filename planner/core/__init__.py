@@ -7,7 +7,8 @@
   (`elastic_budget_devices`), debounce;
 - reconciler (`Reconciler`): plans vs registry and heartbeats -> lifecycle commands, retries, reports.
 """
-from .fleet_state import elastic_budget_devices, elastic_models_of, in_flight_by_model, reported
+from .fleet_state import DecodeKV, decode_kv_by_model, elastic_budget_devices, elastic_models_of, in_flight_by_model
+from .fleet_state import reported
 from .fleet_state import steady_worker_order
 from .commands import PlanStatus, ReconcileEffects
 from .elastic import ElasticDecision, ElasticScaler, fit_to_budget, plan_decision, split_prefill_decode
@@ -31,4 +32,5 @@ __all__ = [
     "ReplicaSearch", "SteadyDecision", "SteadyPlanner", "SteadyPolicy", "largest_remainder", "lower_bound", "pack_ffd",
     "pack_phi", "phi", "scale_to_budget", "search_min_replicas", "solve_exact", "split_prefill_decode",
     "unpadded_counts", "elastic_budget_devices", "elastic_models_of", "in_flight_by_model", "reported", "steady_worker_order", "fit_to_budget", "plan_decision",
+    "DecodeKV", "decode_kv_by_model",
 ]

@@ -13,6 +13,7 @@ from contracts import ElasticPlan, ElasticTarget, LoadFeatures, ModelLoadWindow
 
 from .debounce import Debouncer
 from contracts.load_book import LoadBook
+from .fleet_state import DecodeKV
 from .oracle_port import OracleLike
 from .policy import ElasticPolicy
 from .replica_search import ReplicaSearch, search_min_replicas
@@ -28,10 +29,11 @@ def num_devices(pd: PD) -> int:
 
 
 def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: ElasticPolicy,
-                         decode_token_cost_ratio: float | None = None) -> PD:
+                         decode_token_cost_ratio: float | None = None, min_num_decode: int = 0) -> PD:
     """Share `num_instances` single-model devices between prefill and decode in proportion to the device time each
     phase takes (input tokens vs output tokens weighted by the device time of a decode token over a prefill token:
-    the oracle's, measured on the device, else the policy's `decode_token_cost_ratio`), at least one of each. Below
+    the oracle's, measured on the device, else the policy's `decode_token_cost_ratio`), at least one of each, and at
+    least `min_num_decode` decode instances while one prefill instance is left (`decode_floor`). Below
     `min_num_disaggregated` instances, P/D is not worth its transfer: that many colocated instances."""
     if num_instances <= 0:
         return (0, 0)
@@ -45,7 +47,32 @@ def split_prefill_decode(num_instances: int, features: LoadFeatures, policy: Ela
     weights = [prefill_work, decode_work] if prefill_work + decode_work > 0 else [1.0, 1.0]
     num_prefill = largest_remainder(weights, num_instances)[0]
     num_prefill = min(max(num_prefill, 1), num_instances - 1)
-    return (num_prefill, num_instances - num_prefill)
+    return with_decode_floor((num_prefill, num_instances - num_prefill), min_num_decode)
+
+
+def with_decode_floor(pd: PD, min_num_decode: int) -> PD:
+    """`pd` with at least `min_num_decode` decode instances, taken from its prefill instances while one is left; a
+    colocated count stays as it is."""
+    total = num_devices(pd)
+    if pd[1] == 0 or pd[1] >= min_num_decode:
+        return pd
+    num_decode = min(min_num_decode, total - 1)
+    return (total - num_decode, num_decode)
+
+
+def decode_floor(kv: DecodeKV, fill_target: float) -> int:
+    """The decode instances a model's sequences in flight fill to `fill_target` of their KV: the blocks its decode
+    instances hold, plus, for each sequence waiting at them (its KV arrived, no room in the batch yet), as many as a
+    running one holds on average, over one instance's blocks times `fill_target`. The oracle's count comes from a
+    profile and a 5 s load window; a long-answer model's decode KV fills over its answers' lifetimes, past what
+    either sees (docs/planner.md, "Decode floor"). 0 when no instance reports its KV."""
+    capacity_blocks = kv.num_kv_blocks_used + kv.num_kv_blocks_free
+    if kv.num_instances <= 0 or capacity_blocks <= 0:
+        return 0
+    per_sequence = kv.num_kv_blocks_used / kv.num_running if kv.num_running else 0.0
+    demand_blocks = kv.num_kv_blocks_used + kv.num_waiting * per_sequence
+    per_instance = capacity_blocks / kv.num_instances
+    return math.ceil(demand_blocks / (per_instance * fill_target) - 1e-9)
 
 
 def shrink_prefill_first(before: PD, after: PD) -> PD:
@@ -210,10 +237,12 @@ class ElasticScaler:
 
     def tick(self, now_ms: float, elastic_models: Sequence[str], budget_devices: int, *,
              devices_per_instance: Mapping[str, int] | None = None,
-             in_flight: Mapping[str, int] | None = None) -> ElasticDecision:
+             in_flight: Mapping[str, int] | None = None,
+             decode_kv: Mapping[str, DecodeKV] | None = None) -> ElasticDecision:
         """One plan. `budget_devices`: what the steady pool leaves; `devices_per_instance`: each model's
         tensor-parallel group (default 1); `in_flight`: per model, requests running or waiting at its instances
-        (the workers' heartbeats), for the keep-alive."""
+        (the workers' heartbeats), for the keep-alive; `decode_kv`: per model, its decode instances' KV and
+        sequences (the heartbeats too), for the decode floor (`decode_kv_fill_target`)."""
         if budget_devices < 0:
             raise ValueError(f"budget_devices must be >= 0, got {budget_devices}")
         p = self.policy
@@ -226,6 +255,7 @@ class ElasticScaler:
         desired = {m: (searches[m].num_replicas if m in searches else 0) for m in models}
         banded = self._scale_in_band(desired, sized_for)
         held_up = self._scale_in_hold(now_ms, desired)
+        kv_floors = self._decode_floors(busy, desired, loads, searches, decode_kv or {})
         kept_alive, kept_for_gaps = self._keep_alive(now_ms, desired, loads, in_flight or {})
         token_rate = {m: (loads[m].features.token_rate_tps if m in loads else 0.0) for m in models}
         wanted_devices = sum(n * tp[m] for m, n in desired.items())
@@ -244,11 +274,12 @@ class ElasticScaler:
         allotted = fit_to_budget(desired, budget_devices, tp, token_rate, floor, first)
         is_scaled_down = allotted != desired
         busy_set = set(busy)
-        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p, _measured_ratio(searches.get(m)))
+        raw = {m: split_prefill_decode(allotted[m], loads[m].features, p, _measured_ratio(searches.get(m)),
+                                       kv_floors.get(m, 0))
                if m in busy_set else (allotted[m], 0) for m in models}
         if is_scaled_down and p.is_budget_shrink_prefill_first:
-            raw = {m: shrink_prefill_first(self._applied.get(m, (0, 0)), pd) if allotted[m] < desired[m] else pd
-                   for m, pd in raw.items()}
+            raw = {m: with_decode_floor(shrink_prefill_first(self._applied.get(m, (0, 0)), pd), kv_floors.get(m, 0))
+                   if allotted[m] < desired[m] else pd for m, pd in raw.items()}
 
         notes: list[str] = []
         held: set[str] = set()
@@ -286,7 +317,8 @@ class ElasticScaler:
                 prediction=searches[m].prediction if m in searches else None,
                 reason=self._why(m, searches.get(m), desired[m], allotted[m], raw[m], applied[m], m in held,
                                 m in banded, m in held_up, kept_alive.get(m, ""),
-                                loads[m].queue_depth if m in rushed else None, m in given_back),
+                                loads[m].queue_depth if m in rushed else None, m in given_back,
+                                kv_floors.get(m)),
             )
             for m in models
         )
@@ -317,6 +349,29 @@ class ElasticScaler:
             is_observe_only=self.is_observe_only,
         )
         return ElasticDecision(plan, searches, tuple(sorted(held)))
+
+    def _decode_floors(self, busy: Sequence[str], desired: dict[str, int], loads: Mapping[str, ModelLoadWindow],
+                       searches: Mapping[str, ReplicaSearch], decode_kv: Mapping[str, DecodeKV]) -> dict[str, int]:
+        """With `decode_kv_fill_target`, each busy model whose count is disaggregated and whose decode instances
+        report more sequences in flight than its split's decode count holds (`decode_floor`) gets that many decode
+        instances beside the split's prefill count. Updates `desired`; returns the floors that bound, per model
+        (the split keeps them when the budget cuts the count)."""
+        fill = self.policy.decode_kv_fill_target
+        if fill is None:
+            return {}
+        out = {}
+        for m in busy:
+            kv = decode_kv.get(m)
+            if kv is None or desired[m] <= 0:
+                continue
+            floor = decode_floor(kv, fill)
+            num_prefill, num_decode = split_prefill_decode(desired[m], loads[m].features, self.policy,
+                                                           _measured_ratio(searches.get(m)))
+            if num_decode == 0 or num_decode >= floor:
+                continue
+            desired[m] = num_prefill + floor
+            out[m] = floor
+        return out
 
     def _rush_queued(self, applied: dict[str, PD], raw: Mapping[str, PD], loads: Mapping[str, ModelLoadWindow],
                      tp: Mapping[str, int], budget_devices: int) -> tuple[dict[str, PD], set[str]]:
@@ -460,7 +515,7 @@ class ElasticScaler:
 
     def _why(self, model, search, desired, allotted, raw, applied, is_held, is_banded=False,
              is_held_up=False, kept_alive="", rushed_queue_depth: int | None = None,
-             is_given_back: bool = False) -> str:
+             is_given_back: bool = False, decode_floor_count: int | None = None) -> str:
         p = self.policy
         if search is None:
             why = "no traffic"
@@ -491,6 +546,9 @@ class ElasticScaler:
             why += f"; kept at {desired}: inside the scale-in band (x{p.scale_in_headroom:g} the rate needs that many)"
         if is_held_up:
             why += f"; kept at {desired}: asked for within the last {p.scale_in_hold_s:g} s"
+        if decode_floor_count is not None:
+            why += (f"; raised to {desired}: its sequences in flight fill {decode_floor_count} decode instances to "
+                    f"{p.decode_kv_fill_target:g} of their KV")
         if allotted < desired:
             why += f"; scaled down {desired} -> {allotted} (budget)"
         why += f"; prefill/decode {raw[0]}/{raw[1]}" + (" colocated" if raw[1] == 0 else "")

@@ -5,8 +5,9 @@ live planner services and the simulator both call these on what they have."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
-from contracts import InstanceStatus, Pool, SteadyPlan, WorkerHeartbeat
+from contracts import InstanceRole, InstanceStatus, ModelState, Pool, SteadyPlan, WorkerHeartbeat
 
 from .cluster_view import OCCUPYING_STATES, worker_order
 
@@ -36,6 +37,31 @@ def in_flight_by_model(instances: Iterable[Reported]) -> dict[str, int]:
     for _, st in instances:
         if st.num_waiting or st.num_running:
             out[st.model] = out.get(st.model, 0) + st.num_waiting + st.num_running
+    return out
+
+
+class DecodeKV(NamedTuple):
+    """A model's serving decode instances, summed over their heartbeats: how many, the KV blocks their sequences
+    hold and have free, and the sequences running and waiting (their KV arrived, not yet admitted)."""
+
+    num_instances: int
+    num_kv_blocks_used: int
+    num_kv_blocks_free: int
+    num_running: int
+    num_waiting: int
+
+
+def decode_kv_by_model(instances: Iterable[Reported]) -> dict[str, DecodeKV]:
+    """Per model with serving (ACTIVE) decode instances, their KV and sequences (`DecodeKV`). A draining instance is
+    left out: the count it holds is already given up."""
+    out: dict[str, DecodeKV] = {}
+    for _, st in instances:
+        if st.role != InstanceRole.DECODE or st.state != ModelState.ACTIVE:
+            continue
+        old = out.get(st.model, DecodeKV(0, 0, 0, 0, 0))
+        out[st.model] = DecodeKV(old.num_instances + 1, old.num_kv_blocks_used + st.num_kv_blocks_used,
+                                 old.num_kv_blocks_free + st.num_kv_blocks_free, old.num_running + st.num_running,
+                                 old.num_waiting + st.num_waiting)
     return out
 
 

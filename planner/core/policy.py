@@ -106,6 +106,12 @@ class ElasticPolicy(_Policy):
         default=None, ge=3, description="at this many instances or more, the split prices a decode token at least "
         "at decode_token_cost_ratio, whatever the oracle measured (None: the measured ratio at every count)"
     )
+    # Off until measured on the learned Janus (docs/bench/sim.md run 49).
+    decode_kv_fill_target: float | None = Field(
+        default=None, gt=0, le=1, description="a disaggregated model keeps at least as many decode instances as "
+        "the sequences in flight at its decode instances fill to this fraction of their KV (their heartbeats' "
+        "blocks used, plus a running sequence's average per waiting one); None: no such floor"
+    )
     # 3: a model sized at two instances runs them colocated. One lone decode instance takes all of a long-output
     # model's decoding, and a count flapping between 1 and 2 switched the model between colocated and P/D.
     min_num_disaggregated: int = Field(

@@ -44,6 +44,17 @@ _ROLE = {"colocated": InstanceRole.COLOCATED, "prefill": InstanceRole.PREFILL, "
 _POOL = {"steady": Pool.STEADY, "elastic": Pool.ELASTIC}
 _SEGMENTS = (WeightSegment.model_construct(global_offset_bytes=0, num_bytes=1, checksum=""),)
 _HOST_COPY = HostCopy.model_construct(base_offset_bytes=0, segments=_SEGMENTS)
+# The simulated engine's KV block, in tokens (the engine's paged KV cache allocates in blocks of this many tokens).
+KV_BLOCK_TOKENS = 16
+
+
+def kv_blocks(inst: SimInstance) -> tuple[int, int]:
+    """The KV blocks an instance reports in its heartbeat: those its requests hold (the simulated engine reserves
+    a request's prompt and answer when it admits it, so these are its reservations) and those free on its
+    executor."""
+    block_bytes = inst.cost.kv_bytes_per_token * KV_BLOCK_TOKENS
+    free = inst.executor.free_hbm_bytes if inst.executor is not None else 0.0
+    return round(inst.kv_bytes_used / block_bytes), max(0, int(free // block_bytes))
 
 
 def worker_id_of(device: int) -> str:
@@ -269,21 +280,24 @@ class SimFleet:
         state = (ModelState.ACTIVE if inst.is_ready else ModelState.DRAINING if inst.is_draining
                  else ModelState.LOADING)
         num_waiting, num_running = len(inst.waiting), inst.batch
+        kv_used, kv_free = kv_blocks(inst)
         old = self._statuses.get(inst.instance_id)
         if old is not None and old.state == state:
-            if old.num_waiting == num_waiting and old.num_running == num_running:
+            if (old.num_waiting == num_waiting and old.num_running == num_running
+                    and old.num_kv_blocks_used == kv_used and old.num_kv_blocks_free == kv_free):
                 return old
             # only the counts moved: a copy of the line with them (a third of the cost of building one; the
             # simulator's own values, already valid)
             status = copy.copy(old)
-            status.__dict__.update(num_waiting=num_waiting, num_running=num_running)
+            status.__dict__.update(num_waiting=num_waiting, num_running=num_running, num_kv_blocks_used=kv_used,
+                                   num_kv_blocks_free=kv_free)
             self._statuses[inst.instance_id] = status
             return status
         devices = self._devices[inst.instance_id]
         status = InstanceStatus.model_construct(
             instance_id=inst.instance_id, model=self.names[inst.app], role=_ROLE[inst.role], pool=_POOL[inst.pool],
-            state=state, num_waiting=num_waiting, num_running=num_running, num_kv_blocks_used=0,
-            num_kv_blocks_free=0, ttft_ms_p50=None, tpot_ms_p50=None, prefill_tokens_per_s=None,
+            state=state, num_waiting=num_waiting, num_running=num_running, num_kv_blocks_used=kv_used,
+            num_kv_blocks_free=kv_free, ttft_ms_p50=None, tpot_ms_p50=None, prefill_tokens_per_s=None,
             decode_tokens_per_s=None, weight_segments=_SEGMENTS, host_copy=None,
             peer_worker_ids=tuple(worker_id_of(d) for d in devices[1:]))
         self._statuses[inst.instance_id] = status
@@ -339,10 +353,11 @@ class SimFleet:
         self._report(now_s, everyone=True)
 
     def _beat(self, now_s: float) -> None:
-        """The periodic heartbeat, every worker's: also the backlog counts, which change without a lifecycle
-        event."""
+        """The periodic heartbeat, every worker's: also the backlog counts and the KV, which change without a
+        lifecycle event."""
         for iid, inst in self.by_iid.items():
             old = self._statuses.get(iid)
-            if old is None or old.num_waiting != len(inst.waiting) or old.num_running != inst.batch:
+            if (old is None or old.num_waiting != len(inst.waiting) or old.num_running != inst.batch
+                    or (old.num_kv_blocks_used, old.num_kv_blocks_free) != kv_blocks(inst)):
                 self._dirty.add(self._lead(inst))
         self._report(now_s, everyone=True)

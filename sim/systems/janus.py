@@ -15,8 +15,8 @@ from oracle.core.oracle import ModelProfile, Oracle
 from oracle.core.policy import OraclePolicy
 from oracle.core.replicas import ReplicaCounts
 from planner.core import (ElasticScaler, OverflowWatch, PlannerPolicy, PoolPolicy, Reconciler, SteadyPlanner,
-                          elastic_budget_devices, elastic_models_of, in_flight_by_model, plan_decision,
-                          steady_worker_order)
+                          decode_kv_by_model, elastic_budget_devices, elastic_models_of, in_flight_by_model,
+                          plan_decision, steady_worker_order)
 
 from ..costmodel import fast_roofline
 from ..oracle_cache import CachedOracle
@@ -225,7 +225,8 @@ class JanusControl(ControlPlane):
         budget = elastic_budget_devices(self.fleet.alive_workers(), self.steady_plan, instances)
         plan = self.scaler.tick(now_s * 1e3, self.elastic_models, budget,
                                 devices_per_instance=self.devices_per_instance,
-                                in_flight=in_flight_by_model(instances)).plan
+                                in_flight=in_flight_by_model(instances),
+                                decode_kv=decode_kv_by_model(instances)).plan
         self.plans.append(plan)
         return plan
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from contracts import CapacityQuery, ElasticityQuery, subjects
+from contracts import CapacityQuery, ElasticityQuery, ElasticPlan, SteadyPlan, subjects
 
 
 def fast_planner(heartbeat_timeout_ms: float, retry_backoff_ms: float) -> dict:
@@ -31,6 +31,36 @@ async def beat_and_load(bus, workers, worker_ids, windows, period_s: float) -> N
         for model, load_window in windows(now).items():
             await bus.publish(subjects.model_telemetry(model), load_window)
         await asyncio.sleep(period_s)
+
+
+async def fresh_plans_stream(bus) -> None:
+    """Each test reads its own plans: a reconciler or scaler recovers the latest plans from PLANS at start, and
+    those of an earlier test on this nats-server are not this cluster's."""
+    from planner.core.policy import PlannerPolicy
+    from planner.shell import ensure_plans_stream
+
+    try:
+        await bus.js.delete_stream(subjects.PLANS_STREAM)
+    except Exception:  # noqa: BLE001 - not there yet
+        pass
+    await ensure_plans_stream(bus, PlannerPolicy().plans_max_age_s)  # as the planners create it
+
+
+async def every_model_elastic(bus, models: tuple[str, ...], plan_id: str) -> list[ElasticPlan]:
+    """Plays the steady planner (one plan handing `models` to the elastic pool, no steady device); returns the list
+    the elastic plans published from now on are appended to."""
+    from planner.shell import publish_event
+
+    plans: list[ElasticPlan] = []
+
+    async def keep(plan: ElasticPlan, env) -> None:
+        plans.append(plan)
+
+    await bus.subscribe(subjects.PLAN_ELASTIC, ElasticPlan, keep, traced=False)
+    await publish_event(bus, subjects.PLAN_STEADY, SteadyPlan(
+        plan_id=plan_id, created_unix_ms=time.time() * 1000.0, trigger="startup", steady_models=(),
+        elastic_models=models, bins=(), reason="test: every model elastic"))
+    return plans
 
 
 async def serve_oracle(bus, oracle) -> None:

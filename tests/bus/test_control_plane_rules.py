@@ -57,7 +57,7 @@ from contracts import (
 )
 from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
-from tests.bus.planner_bus_helpers import serve_oracle
+from tests.bus.planner_bus_helpers import fresh_plans_stream, serve_oracle
 from tests.unit.planner.planner_test_oracles import TableOracle
 from worker.engine.echo import EchoEngine
 from worker.shell.service import WorkerService
@@ -160,19 +160,6 @@ class Janus:
         order = [n for n in ("gateway", "elastic-scaler", "steady-planner", "reconciler", "dispatcher")
                  if n in self.services]
         await stop_services({**{n: self.services[n] for n in order}, **self.services}, self.tasks)
-
-
-async def fresh_plans_stream(bus) -> None:
-    """Each test reads its own plans: a reconciler or scaler recovers the latest plans from PLANS at start, and
-    those of an earlier test on this nats-server are not this cluster's."""
-    from planner.core.policy import PlannerPolicy
-    from planner.shell import ensure_plans_stream
-
-    try:
-        await bus.js.delete_stream(subjects.PLANS_STREAM)
-    except Exception:  # noqa: BLE001 - not there yet
-        pass
-    await ensure_plans_stream(bus, PlannerPolicy().plans_max_age_s)  # as the planners create it
 
 
 async def start_janus(nats_url: str, config: dict, state_dir: Path, obs: Observer, *, worker_ids: list[str],

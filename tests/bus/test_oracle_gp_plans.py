@@ -30,7 +30,6 @@ from contracts import (
     LoadFeatures,
     ModelLoadWindow,
     PageCounters,
-    SteadyPlan,
     WorkerHeartbeat,
     subjects,
 )
@@ -45,6 +44,7 @@ from runtime.service import Service, run_service
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .cluster import stop_services, wait_for
+from .planner_bus_helpers import every_model_elastic, fresh_plans_stream
 
 MODEL = "demo-tiny"
 TTFT_SLO_MS, TPOT_SLO_MS = 300.0, 20.0
@@ -100,22 +100,9 @@ async def ask_oracle(bus, rate_rps: float) -> ElasticityReply:
     return await bus.request(subjects.ORACLE_ELASTICITY, query, ElasticityReply, timeout_s=10.0)
 
 
-async def fresh_plans_stream(bus) -> None:
-    """This test reads its own plans: the scaler recovers the latest steady plan from PLANS at start."""
-    from planner.core.policy import PlannerPolicy
-    from planner.shell import ensure_plans_stream
-
-    try:
-        await bus.js.delete_stream(subjects.PLANS_STREAM)
-    except Exception:  # noqa: BLE001 - not there yet
-        pass
-    await ensure_plans_stream(bus, PlannerPolicy().plans_max_age_s)
-
-
 async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_factory, demo_models_dir, state_dir):
     from oracle.service import OracleService
     from planner.elastic_service import ElasticScalerService
-    from planner.shell import publish_event
 
     path = state_dir / "oracle" / f"{MODEL}.json"
     file_points = len(load_training_set(path).elasticity)
@@ -137,16 +124,8 @@ async def test_elastic_plans_follow_the_gp_of_the_oracle_service(nats_url, bus_f
 
     bus = await bus_factory("gp-plans-test")
     await fresh_plans_stream(bus)
-    plans: list[ElasticPlan] = []
-
-    async def keep(plan: ElasticPlan, env) -> None:
-        plans.append(plan)
-
-    await bus.subscribe(subjects.PLAN_ELASTIC, ElasticPlan, keep, traced=False)
     # the steady planner's part: the model goes to the elastic pool, no steady device
-    await publish_event(bus, subjects.PLAN_STEADY, SteadyPlan(
-        plan_id="gp-plans-steady", created_unix_ms=time.time() * 1000.0, trigger="startup", steady_models=(),
-        elastic_models=(MODEL,), bins=(), reason="test: every model elastic"))
+    plans = await every_model_elastic(bus, (MODEL,), "gp-plans-steady")
 
     rate_now: list[float] = []  # the rate the test's dispatcher reports (none yet)
 

@@ -197,6 +197,7 @@ def test_an_unknown_or_bad_oracle_knob_names_its_section(tmp_path, capsys):
     ("num_train_iters: 2.5", "oracle: num_train_iters: expected int, got 2.5"),
     ("refit_min_interval_s: true", "oracle: refit_min_interval_s: expected float, got True"),
     ("attainment_target: probit", "oracle: attainment_target: one of 'identity', 'logit', got 'probit'"),
+    ("profile_lifetime_answer: median", "oracle: profile_lifetime_answer: one of 'mean', 'in-flight', got 'median'"),
 ])
 def test_an_oracle_knob_of_the_wrong_type_is_refused(tmp_path, capsys, knob, expected):
     rc, out, err = _run(capsys, "--config", str(_write(tmp_path, f"oracle: {{{knob}}}\n")))

@@ -176,7 +176,8 @@ def test_janus_profile_writes_the_training_set_under_the_state_dir(tmp_path, cap
 
     monkeypatch.setattr(run, "QUICK", TINY_PLAN)
     config = _yaml(tmp_path, f"models: [{{name: my-tiny, path: {demo_models_dir / 'demo-tiny'}}}]\n"
-                             "workers: {max_num_seqs: 16, pool_bytes: 67108864}\n")
+                             "workers: {max_num_seqs: 16, pool_bytes: 67108864}\n"
+                             "oracle: {profile_lifetime_answer: in-flight}\n")
     state = tmp_path / "state"
     assert main(["profile", "--model", "my-tiny", "--quick", "--config", str(config), "--state-dir",
                  str(state)]) == 0
@@ -193,6 +194,7 @@ def test_janus_profile_writes_the_training_set_under_the_state_dir(tmp_path, cap
     assert sorted({s.num_replicas for s in ts.elasticity}) == [1, 2]
     harness = ts.meta["harness"]
     assert harness["max_num_seqs"] == 16 and harness["hbm_bytes"] == 64 << 20
+    assert harness["lifetime_answer"] == "in-flight"  # the cluster YAML's oracle.profile_lifetime_answer
     assert ts.meta["device"]["hbm_bytes"] == 64 << 20  # HBM needs are fractions of the worker's page pool
     assert ts.meta["plan"]["name"] == "quick" and ts.meta["configured_slo_ms"] == {"ttft": 2000.0, "tpot": 200.0}
     assert json.loads(path.read_text())["format"] == "janus.oracle.training-set/v1"

@@ -2,7 +2,11 @@
 state (HarnessSettings.min_request_lifetimes, oracle/profile/harness.py): a point shorter than a request's lifetime
 measures the start of a load one replica cannot hold as attained (docs/oracle.md, "Profiling the real engine")."""
 from oracle.profile.grid import GridPoint, LengthMix
-from oracle.profile.harness import HarnessSettings, point_duration_s, request_lifetime_s
+from dataclasses import replace
+
+import pytest
+
+from oracle.profile.harness import HarnessSettings, lifetime_output_len, point_duration_s, request_lifetime_s
 from oracle.profile.run import DEVICE
 from oracle.specs import device, model_shape
 from sim.costmodel import step_cost
@@ -25,6 +29,24 @@ def test_a_point_of_long_answers_runs_for_two_lifetimes():
     assert point_duration_s(600, settings(1.0)) == 37.0
     assert point_duration_s(10, s) == 4.0  # short answers: the plan's duration
     assert DEVICE.harness_settings().min_request_lifetimes == HarnessSettings().min_request_lifetimes == 2.0
+
+
+def test_lifetimes_counted_in_the_answer_in_flight_are_as_long_as_the_spread_makes_it():
+    # samples of 100- and 1,100-token answers: mean 600, variance 250,000; in flight, on average 600 + 250,000 / 600
+    spread = LengthMix.of_samples("spread", ((256, 100), (256, 1100)))
+    assert spread.output_len_var == pytest.approx(250_000)
+    in_flight = replace(settings(2.0), lifetime_answer="in-flight")
+    assert lifetime_output_len(spread, settings(2.0)) == 600, "the default: the mean answer"
+    assert lifetime_output_len(spread, in_flight) == pytest.approx(600 + 250_000 / 600)
+    # a brute-force check: a sequence in flight at a random moment is o tokens long with odds o * P(o)
+    assert lifetime_output_len(spread, in_flight) == pytest.approx((100 * 100 + 1100 * 1100) / (100 + 1100))
+    # the point spans two lifetimes of that answer: 2 x (1 s + 1,016.7 x 60 ms)
+    point = GridPoint(1.0, spread, 1)
+    profiler = SimDeviceProfiler("qwen2-7b", COST, DeviceEffects.off(), in_flight, max_replicas=1)
+    _, _, info = profiler.run_point(point, 0)
+    assert info["duration_s"] == pytest.approx(2 * (1.0 + (600 + 250_000 / 600) * 0.06))
+    with pytest.raises(ValueError, match="lifetime_answer"):
+        replace(settings(2.0), lifetime_answer="median")
 
 
 def test_one_replica_past_its_batch_is_seen_only_by_a_point_that_long():

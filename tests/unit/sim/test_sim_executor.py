@@ -125,3 +125,18 @@ def test_decode_admission_lets_what_fits_pass_a_request_that_does_not():
     executor._admit_decode(inst, 0.0)
     assert inst.batch == 2 and list(inst.waiting) == [0], "the long request keeps its place at the head"
     assert executor.kv_used_bytes == pytest.approx(2 * inst.kv_bytes(1))
+
+
+def test_an_instance_reports_the_kv_its_requests_hold_until_they_end():
+    from sim.systems.fleet import KV_BLOCK_TOKENS, kv_blocks
+
+    sim, table, inst = _sim([0.0, 0.0], [1000, 2000], [400, 400])
+    executor = sim.executor_of_device[0]
+    sim.run(until_s=0.1)  # both prefilled, decoding (a 0.5b model: done by 0.25 s)
+    assert inst.batch == 2
+    assert inst.kv_bytes_used > 0 and inst.kv_bytes_used == pytest.approx(executor.kv_used_bytes)
+    block_bytes = COST.kv_bytes_per_token * KV_BLOCK_TOKENS
+    assert kv_blocks(inst) == (round((1000 + 400 + 2000 + 400) / KV_BLOCK_TOKENS),
+                               int(executor.free_hbm_bytes // block_bytes))
+    sim.run()
+    assert inst.kv_bytes_used == executor.kv_used_bytes == 0, "every reservation given back"

@@ -7,6 +7,7 @@ import pytest
 
 from contracts import SamplingParams
 from oracle.profile.grid import GridPoint, LengthMix
+from oracle.core.policy import OraclePolicy
 from oracle.profile.harness import HarnessSettings
 from oracle.profile.virtual_clock import run_virtual
 from oracle.specs import device, model_shape
@@ -80,7 +81,7 @@ def test_a_decode_engine_admits_what_fits_in_its_kv_and_skips_what_does_not():
     assert engine.kv_used_tokens == 0
 
 
-def test_busy_kinds_profile_more_replicas_and_the_layout_keys_the_cache(tmp_path):
+def test_busy_kinds_profile_more_replicas_and_the_layout_keys_the_cache(tmp_path, monkeypatch):
     trace = servegen_trace(num_apps=6, duration_s=120.0, num_requests=20_000, seed=3)
     scenario = build_scenario(trace, num_devices=64, tiers=((1.0, ("qwen2-0.5b", "qwen2.5-32b")),),
                               effects=DeviceEffects(seed=3))
@@ -99,6 +100,22 @@ def test_busy_kinds_profile_more_replicas_and_the_layout_keys_the_cache(tmp_path
     # nor can a split priced by the answers' spread reuse one laid out without it
     priced = ElasticPolicy(is_decode_priced_by_answer_spread=True)
     assert cache_path(scenario, group, SIM_PLAN, tmp_path, priced) != cache_path(scenario, group, SIM_PLAN, tmp_path)
+    # nor points counted in the answer in flight; the oracle's `profile_lifetime_answer` sets the plan's
+    in_flight = replace(SIM_PLAN, lifetime_answer="in-flight")
+    assert cache_path(scenario, group, in_flight, tmp_path) != cache_path(scenario, group, SIM_PLAN, tmp_path)
+    import sim.oracle_training as training
+
+    asked = []
+
+    def profiled(scenario, group, cache_dir, plan, **kw):
+        asked.append(plan.lifetime_answer)
+        raise LookupError("enough: the plan was seen")
+
+    monkeypatch.setattr(training, "profile_group", profiled)
+    for answer in ("mean", "in-flight"):
+        with pytest.raises(LookupError):
+            training.learned_oracle(scenario, tmp_path, policy=OraclePolicy(profile_lifetime_answer=answer))
+    assert asked == ["mean", "in-flight"]
 
 
 @pytest.mark.parametrize("shape, tp", [("qwen2-7b", 1), ("qwen2.5-32b", 2)])

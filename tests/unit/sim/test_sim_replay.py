@@ -1,5 +1,6 @@
 """The recording format and its replay: the decisions the simulator's cores made are made again from the recorded
 inputs alone (the live system records the same lines; see sim/recording.py)."""
+import copy
 import json
 
 import pytest
@@ -35,6 +36,9 @@ def test_recording_holds_every_core(recording):
     commands = [c for line in lines if line["core"] == "reconciler" and line["decision"] for c in line["decision"]]
     assert "fork_from" in {c[1] for c in commands}, "the reconciler placed the simulated Janus"
     assert header["config"]["dispatch_policy"]["algorithm"] == "lst_imh"
+    # the decode instances' KV reaches the scaler from the simulated workers' heartbeats, as live
+    decode_kv = [kv for line in lines if line["call"] == "tick" for kv in line["args"]["decode_kv"].values()]
+    assert any(used > 0 and free > 0 for _, used, free, _, _ in decode_kv), "decode instances report their KV"
 
 
 @needs_traces
@@ -42,6 +46,36 @@ def test_replay_makes_the_same_decisions(recording):
     report = replay(*read(recording))
     assert report.num_decisions > 1000
     assert report.is_identical, report.mismatches[:5]
+
+
+@needs_traces
+def test_replay_feeds_the_scaler_the_decode_kv_it_saw(tmp_path):
+    """With the decode floor on, a tick's decision depends on the heartbeats' decode KV: the replay gives the
+    scaler the recorded KV (a changed KV input changes the decision)."""
+    from planner.core import ElasticPolicy, PlannerPolicy
+
+    trace = servegen_trace(num_apps=8, num_requests=3000, duration_s=60, seed=1).window(0, 12)
+    policy = PlannerPolicy(elastic=ElasticPolicy(decode_kv_fill_target=0.02))  # binds at once
+    run = SystemRun(build_scenario(trace, num_devices=64), JanusControl(planner_policy=policy), record=True)
+    run.run()
+    path = tmp_path / "janus.jsonl"
+    run.recorder.write(path)
+    header, lines = read(path)
+    report = replay(header, lines)
+    assert report.is_identical, report.mismatches[:5]
+    ticks = [i for i, line in enumerate(lines) if line["call"] == "tick" and line["args"]["decode_kv"]]
+    assert ticks
+    # One tick at a time without its KV, the latest first, until one splits otherwise (a debounced or unchanged
+    # count does not show it; an early one can change later questions to the recorded oracle).
+    changed_at = None
+    for i in reversed(ticks):
+        edited = copy.deepcopy(lines)
+        edited[i]["args"]["decode_kv"] = {}
+        report = replay(header, edited)
+        if any(m.startswith(f"#{lines[i]['seq']} elastic.tick") for m in report.mismatches):
+            changed_at = i
+            break
+    assert changed_at is not None, "without the KV, no floor: another split at some tick"
 
 
 @needs_traces
