@@ -18,10 +18,10 @@ from contracts import (
 )
 
 
-# The paper's bare scaler: no burst headroom, no scale-in band, no backlog term, no keep-alive, the old cap. Tests
-# that check one of those rules switch it on by name over this.
+# The paper's bare scaler: no burst headroom, no scale-in band, no backlog term, no keep-alive, no decode floor, the
+# old cap. Tests that check one of those rules switch it on by name over this.
 BARE_ELASTIC = dict(load_headroom=1.0, scale_in_headroom=1.0, backlog_drain_s=0.0, keepalive_s=0.0,
-                    max_num_replicas=64)
+                    max_num_replicas=64, decode_kv_fill_target=None)
 
 
 def bare_elastic(**knobs):

@@ -87,6 +87,12 @@ def test_a_colocated_model_has_no_decode_floor():
     assert _pd(scaler.tick(1_000.0, ["m"], 64, decode_kv={"m": FULL}).plan) == (8, 0)
 
 
+def test_the_floor_is_on_by_default():
+    from planner.core import ElasticPolicy
+
+    assert ElasticPolicy().decode_kv_fill_target == 0.75
+
+
 @pytest.mark.parametrize("fill", [0.0, 1.5])
 def test_a_fill_target_outside_0_1_is_refused(fill):
     with pytest.raises(ValueError, match="decode_kv_fill_target"):
