@@ -172,8 +172,8 @@ class DispatcherService(Service):
         first token (another subscription's task), it still counts, and its first token will not start a stream."""
         if not self._streaming.ended(outcome.request_id, self._requests.get(outcome.request_id)):
             return
-        await self._apply(self.core.on_request_outcome(now_ms(), outcome.model, outcome.num_output_tokens,
-                                                       outcome.num_on_time_tokens))
+        await self._apply(self.core.on_request_outcome(now_ms(), outcome.request_id, outcome.model,
+                                                       outcome.num_output_tokens, outcome.num_on_time_tokens))
 
     async def _on_cancel(self, cancel: CancelRequest, env: Envelope) -> None:
         self._requests.pop(cancel.request_id, None)

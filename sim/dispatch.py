@@ -111,8 +111,8 @@ class CoreDispatch:
         now_ms = now_s * 1e3
         for request in finished:
             app = int(table.app[request])
-            self.cores[app].on_request_outcome(now_ms, self.app_names[app], int(table.output_tokens[request]),
-                                               int(table.num_on_time[request]))
+            self.cores[app].on_request_outcome(now_ms, str(request), self.app_names[app],
+                                               int(table.output_tokens[request]), int(table.num_on_time[request]))
 
     # ------------------------------------------------------------------------------------------ engine.Dispatch
     def on_arrival(self, request: int, now_s: float) -> None:

@@ -164,12 +164,15 @@ class DispatcherCore:
                 effects += self._retry(now, job, instance_id, is_instance_failure=False)
         return effects + self._dispatch(now, model)
 
-    def on_request_outcome(self, now_ms: float, model: str, num_output_tokens: int,
+    def on_request_outcome(self, now_ms: float, request_id: str, model: str, num_output_tokens: int,
                            num_on_time_tokens: int) -> list[Effect]:
         """A request this dispatcher sent finished on a worker (contracts.RequestOutcome): its on-time output tokens
         go into the model's window (its token-level attainment, what the oracle learns from). The shell passes only
-        outcomes of its own requests: each dispatcher's window holds the requests it dispatched."""
+        outcomes of its own requests: each dispatcher's window holds the requests it dispatched. It no longer
+        decodes: a backlog that counted it as sent since the instance's last heartbeat stops counting it now, not
+        at the next heartbeat (short requests would otherwise pile up there: DecodeBacklog.forget_request)."""
         now = self._advance(now_ms)
+        self._decode.forget_request(request_id)
         self._window(model, now).record_outcome(now, num_output_tokens, num_on_time_tokens)
         return []
 

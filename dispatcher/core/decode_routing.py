@@ -99,6 +99,9 @@ class DecodeBacklog:
             self._sent[instance_id][request_id] = now_ms
 
     def forget_request(self, request_id: str) -> None:
+        """The request left the instance (it finished, was cancelled or failed). Counted as sent, it stops counting
+        at once; counted in a heartbeat's figure, it stays until the next heartbeat says what is left (it cannot
+        be taken out of that figure without knowing whether the figure held it)."""
         instance_id = self._instance_of.pop(request_id, None)
         if instance_id is not None and self._sent[instance_id].pop(request_id, False) is not False:
             self._set_backlog(instance_id, self._backlog[instance_id] - 1)

@@ -352,6 +352,33 @@ def test_colocated_instances_share_the_decoding_between_equally_free_ones():
     assert assign.instance_id == "c"  # 1 sent since the report, against 2 on a and b
 
 
+def test_a_finished_request_leaves_the_backlog_before_the_next_heartbeat():
+    """Short requests: each finishes long before the next heartbeat. Counted as sent until a heartbeat confirmed
+    them, one instance's finished requests piled up in its backlog, and a prefix holder past the decode gap lost
+    its affinity (docs/dispatcher.md, "Prefix affinity"). The outcome takes a request sent since the last
+    heartbeat out at once; one the heartbeat already counted stays until the next heartbeat says what is left."""
+    core = make_core()
+    core.on_instances(0.0, [record("a"), record("b")])
+    core.on_heartbeat(0.0, heartbeat(0.0, {"a": 0, "b": 0}, InstanceRole.COLOCATED))
+    for k in range(3):
+        (assign,) = assigns(core.on_request(10.0 * k, request(f"r{k}", 10.0 * k, tokens=100, output_tokens=2)))
+        core.on_prefill_done(10.0 * k + 5.0, assign.instance_id, f"r{k}")
+    placed_on = {r: core._inflight.get(r) for r in ("r0", "r1", "r2")}
+    assert placed_on == {"r0": None, "r1": None, "r2": None}  # past their first tokens: only the backlogs know them
+    assert core._decode.backlog("a") + core._decode.backlog("b") == 3
+    for k in range(3):
+        core.on_request_outcome(50.0 + k, f"r{k}", "m", num_output_tokens=2, num_on_time_tokens=2)
+    assert core._decode.backlog("a") == core._decode.backlog("b") == 0
+    # a heartbeat that counted one running request keeps it until the next heartbeat
+    (assign,) = assigns(core.on_request(100.0, request("r3", 100.0, tokens=100, output_tokens=2)))
+    core.on_prefill_done(105.0, assign.instance_id, "r3")
+    core.on_heartbeat(110.0, heartbeat(110.0, {assign.instance_id: 1}, InstanceRole.COLOCATED))
+    core.on_request_outcome(120.0, "r3", "m", num_output_tokens=2, num_on_time_tokens=2)
+    assert core._decode.backlog(assign.instance_id) == 1
+    core.on_heartbeat(130.0, heartbeat(130.0, {assign.instance_id: 0}, InstanceRole.COLOCATED))
+    assert core._decode.backlog(assign.instance_id) == 0
+
+
 @pytest.mark.parametrize("algorithm", [Algorithm.LST_IMH, Algorithm.LEAST_LOAD])
 def test_a_request_waits_for_an_instance_to_come_up_when_told_to(algorithm):
     core = make_core(max_wait_for_instance_ms=5000.0, algorithm=algorithm)

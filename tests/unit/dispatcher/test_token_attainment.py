@@ -68,7 +68,7 @@ def test_an_outcome_reaches_the_published_window():
     core.on_instances(0.0, [record("a")])
     core.on_request(0.0, request("r0", 0.0, tokens=100, output_tokens=8))
     core.on_prefill_done(50.0, "a", "r0")
-    assert core.on_request_outcome(300.0, "m", num_output_tokens=8, num_on_time_tokens=6) == []
+    assert core.on_request_outcome(300.0, "r0", "m", num_output_tokens=8, num_on_time_tokens=6) == []
     w = _published(core, 500.0)
     assert (w.model, w.num_tokens_due) == ("m", 8) and w.token_attainment == pytest.approx(0.75)
     assert w.ttft_attainment == 1.0  # the first token's count is its own
@@ -81,7 +81,7 @@ def test_a_refused_request_counts_its_expected_tokens_late_in_the_published_wind
     # r1 cannot make its 1000 ms deadline behind it: refused (the paper's overload rule)
     (reject,) = rejects(core.on_request(1.0, request("r1", 1.0, tokens=8000, output_tokens=12)))
     core.on_prefill_done(800.0, "a", "r0")
-    core.on_request_outcome(900.0, "m", num_output_tokens=4, num_on_time_tokens=4)
+    core.on_request_outcome(900.0, "r0", "m", num_output_tokens=4, num_on_time_tokens=4)
     w = _published(core, 1000.0)
     assert reject.request_id == "r1"
     assert w.num_tokens_due == 16 and w.token_attainment == pytest.approx(4 / 16)
