@@ -7,8 +7,7 @@ leaves, in this order of preference for each model and role:
 1. keep: an instance that is there already (or that the placer placed before and is still coming up) stays while
    it is still wanted, ready and busy ones first;
 2. resume: a draining instance of the model in that role is admitted again (its weights never left) before
-   anything new is placed, the busiest first (`ReconcilerPolicy.resumes_draining`): the least busy are the nearest
-   to empty and going on draining frees their devices soonest;
+   anything new is placed, the least busy first (`ReconcilerPolicy.resumes_draining`);
 3. place: a free device, preferring one that holds the model warm (a fast wake). A device an instance still
    occupies (loading, serving or draining) is not free: its drain finishes first.
 
@@ -134,7 +133,7 @@ class ElasticPlacer:
                 continue
             load = st.num_waiting + st.num_running
             if st.state == ModelState.DRAINING:
-                draining.setdefault(key, []).append((iid, (-load, iid), seen.worker_ids))
+                draining.setdefault(key, []).append((iid, (load, iid), seen.worker_ids))
             else:
                 by_key.setdefault(key, []).append((iid, (iid not in ready, -load, iid), seen.worker_ids))
         for iid, s in self._slots.items():
@@ -149,11 +148,8 @@ class ElasticPlacer:
                         add(iid, key[0], key[1], workers)
 
         take(by_key)
-        # 2. resume: draining instances of a model and role still short, the busiest first. A decode instance's
-        # drain ends with its longest answer, and resuming the least busy (once: the most room for the new work)
-        # gave the instances nearest to empty new sequences each time a plan asked for a few more, so after a
-        # peak none ever emptied (docs/bench/sim.md run 50: the clairvoyant Janus used 1-3 % fewer device-hours
-        # on each seed of the headline at the same attainment with the busiest first)
+        # 2. resume: draining instances of a model and role still short, the least busy first (the most room for
+        # the new work the count rose for; the busier ones go on draining)
         if self.resumes_draining:
             take(draining)
         # 2b. a disaggregated model serves a request only with both roles: until it has a ready prefill and a ready

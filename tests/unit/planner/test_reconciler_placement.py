@@ -97,18 +97,6 @@ def test_a_count_that_rises_again_resumes_the_draining_instance_in_place():
     assert not rec.on_reply(31.0, late).commands
 
 
-def test_a_count_that_rises_resumes_the_busiest_draining_instance_and_lets_the_nearly_empty_one_go():
-    rec, workers = boot(["w0", "w1", "w2"])
-    workers.put("m", "w0", C, Pool.ELASTIC, ModelState.ACTIVE, load=2)
-    nearly_empty = workers.put("m", "w1", C, Pool.ELASTIC, ModelState.DRAINING, load=1)
-    busy = workers.put("m", "w2", C, Pool.ELASTIC, ModelState.DRAINING, load=6)
-    heartbeats(rec, workers, 0.0)
-    eff = rec.on_elastic_plan(0.0, elastic("e1", {"m": (2, 0)}))
-    activated = [c.instance_id for c in eff.commands if c.action == LifecycleAction.ACTIVATE]
-    assert busy in activated, "the busiest drain resumes"
-    assert nearly_empty not in [c.instance_id for c in eff.commands], "the one nearest to empty goes on draining"
-
-
 def test_without_resume_the_drain_ends_before_the_instance_comes_back():
     rec = Reconciler(POLICY.model_copy(update={"resumes_draining": False}))
     _, workers = boot(["w0", "w1", "w2"])
