@@ -9,7 +9,8 @@ into a core, in the order it was made:
      "call": "<method>", "args": {...}, "decision": {...}}
 
 - dispatcher calls: on_request(now_ms, request), on_instances(now_ms, records), on_prefill_done(now_ms,
-  instance_id, request_id, ok, first_token_ms), on_heartbeat(now_ms, heartbeat), on_tick(now_ms); the decision is
+  instance_id, request_id, ok, first_token_ms), on_heartbeat(now_ms, heartbeat), on_tick(now_ms),
+  on_request_outcome(now_ms, request_id, model, num_output_tokens, num_on_time_tokens); the decision is
   the list of effects reduced to what routing decided: assign (request, instance, decode instance, late) and
   reject (request, code). Load windows published are inputs of the planners, recorded there.
 - planner calls: observe(window), plan(now_ms, models, worker_ids, trigger) with the plan's bins and pools as its
@@ -135,6 +136,16 @@ class RecordingDispatcher:
     def on_tick(self, now_ms: float):
         effects = self.core.on_tick(now_ms)
         self.recorder.add(self.name, "on_tick", {"now_ms": now_ms}, routing_decisions(effects))
+        return effects
+
+    def on_request_outcome(self, now_ms: float, request_id: str, model: str, num_output_tokens: int,
+                           num_on_time_tokens: int):
+        # an input of routing too: the finished request leaves its instance's decode backlog
+        effects = self.core.on_request_outcome(now_ms, request_id, model, num_output_tokens, num_on_time_tokens)
+        self.recorder.add(self.name, "on_request_outcome",
+                          {"now_ms": now_ms, "request_id": request_id, "model": model,
+                           "num_output_tokens": num_output_tokens, "num_on_time_tokens": num_on_time_tokens},
+                          routing_decisions(effects))
         return effects
 
 
@@ -329,6 +340,8 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
                 got = routing_decisions(d.on_heartbeat(args["now_ms"], _heartbeat(args["heartbeat"])))
             elif call == "on_tick":
                 got = routing_decisions(d.on_tick(args["now_ms"]))
+            elif call == "on_request_outcome":
+                got = routing_decisions(d.on_request_outcome(**args))
             else:
                 raise ValueError(f"line {line['seq']}: unknown dispatcher call {call!r}")
         elif core in ("steady", "elastic") and call == "observe":

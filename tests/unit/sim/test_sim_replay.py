@@ -107,3 +107,34 @@ def test_replay_refuses_other_files(tmp_path):
     path.write_text(json.dumps({"kind": "something-else"}) + "\n")
     with pytest.raises(ValueError):
         read(path)
+
+
+def test_an_outcome_is_recorded_and_replayed_since_it_moves_decode_routing(tmp_path):
+    """A finished request leaves its instance's decode backlog at its outcome (DispatcherCore.on_request_outcome),
+    so the outcome is an input of routing: recorded, replayed, and without it a later tie goes elsewhere."""
+    from contracts import InstanceRole
+    from dispatcher.core import DispatchPolicy, DispatcherCore, ThroughputPrefillModel
+    from sim.recording import Recorder, RecordingDispatcher
+
+    from ..dispatcher.helpers import assigns, heartbeat, record, request
+
+    policy = DispatchPolicy()
+    recorder = Recorder({"dispatch_policy": policy.model_dump(mode="json"),
+                         "prefill_time": {"kind": "throughput", "tokens_per_s": 2000.0}})
+    core = RecordingDispatcher(DispatcherCore(policy, ThroughputPrefillModel(2000.0)), recorder, "m")
+    core.on_instances(0.0, [record("a"), record("b")])
+    core.on_heartbeat(0.0, heartbeat(0.0, {"a": 0, "b": 0}, InstanceRole.COLOCATED))
+    (first,) = assigns(core.on_request(0.0, request("r0", 0.0, tokens=100, output_tokens=2)))
+    core.on_prefill_done(60.0, first.instance_id, "r0")
+    core.on_request_outcome(70.0, "r0", "m", 2, 2)
+    (second,) = assigns(core.on_request(100.0, request("r1", 100.0, tokens=100, output_tokens=2)))
+    assert second.instance_id == first.instance_id, "r0 finished: both instances are free again, the tie by id"
+    path = tmp_path / "outcome.jsonl"
+    recorder.write(path)
+    header, lines = read(path)
+    assert "on_request_outcome" in {line["call"] for line in lines}
+    report = replay(header, lines, prefill_time=ThroughputPrefillModel(2000.0))
+    assert report.is_identical, report.mismatches
+    without = [line for line in lines if line["call"] != "on_request_outcome"]
+    assert not replay(header, without, prefill_time=ThroughputPrefillModel(2000.0)).is_identical
+
