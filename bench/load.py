@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import pct, table  # noqa: E402
 from runtime.client import stream_completion  # noqa: E402
+from runtime.ports import free_loopback_ports  # noqa: E402
 
 BARE = textwrap.dedent("""
     import sys, json, uvicorn
@@ -65,14 +66,6 @@ async def closed_loop(url: str, body: dict, concurrency: int, duration_s: float)
             "ttft_p99": pct(ttfts, 99)}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--engine", choices=["echo", "torch"], default="echo")
@@ -90,7 +83,7 @@ async def main() -> None:
     body = {"model": "demo-tiny", "prompt": "Hello there, how are you?", "max_tokens": args.max_tokens,
             "ignore_eos": True, "temperature": 0}
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
+        port = free_loopback_ports(1)[0]
         bare = subprocess.Popen([sys.executable, "-c", BARE, str(port)])
         try:
             for _ in range(100):

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
     REPO_ROOT, aiperf_stat, aiperf_statuses, run_bounded, stop_group, table, venv_tool)
+from runtime.ports import free_loopback_ports  # noqa: E402
 
 AIPERF_VENV = REPO_ROOT / ".janus" / "aiperf-venv"
 VARIANTS = {
@@ -50,12 +50,6 @@ VARIANTS = {
     "new": {},
 }
 MODELS = ("demo-tiny", "demo-small")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def aiperf_spec() -> str:
@@ -84,7 +78,7 @@ class JanusUp:
         self.state_dir = workdir / "state"
         self.config = workdir / "cluster.yaml"
         self.config.write_text(json.dumps({"dispatcher": dispatcher}) + "\n")  # JSON is YAML
-        self.port = free_port()
+        self.port = free_loopback_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "janus-up.log"
         self.proc: subprocess.Popen | None = None

@@ -26,6 +26,7 @@ import yaml
 from contracts import HealthReply, subjects
 from runtime.bus import Bus
 from runtime.nats_server import EmbeddedNats, NatsServerError
+from runtime.ports import free_loopback_ports
 from runtime.restart_budget import RestartBudget, RestartPolicy
 from runtime.security import load_or_create_credentials, user_for_service, write_nats_config, write_private
 from runtime.settings import DEVICE_ENV, ClusterConfig, JanusSettings, ModelSpec, shared_accelerators
@@ -328,23 +329,16 @@ def dry_run_lines(cluster: ClusterConfig, devices: list[str], gateway_port: int,
     return lines
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def nats_cluster(state_dir: Path, num_nodes: int, extra_args: list[str]) -> list[EmbeddedNats]:
     """One node, or a cluster of nodes routed to each other (JetStream replicated across them)."""
     if num_nodes == 1:
         return [EmbeddedNats(state_dir / "nats", extra_args=extra_args)]
-    route_ports = [_free_port() for _ in range(num_nodes)]
-    routes = ",".join(f"nats://127.0.0.1:{p}" for p in route_ports)
+    # picked before the nodes start, outside the ephemeral range (see free_loopback_ports)
+    ports = free_loopback_ports(num_nodes)
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in ports)
     return [EmbeddedNats(state_dir / f"nats-{i}", name=f"janus-nats-{i}",
                          extra_args=[*extra_args, "--cluster_name", "janus", "--cluster",
-                                     f"nats://127.0.0.1:{route_ports[i]}", "--routes", routes])
+                                     f"nats://127.0.0.1:{ports[i]}", "--routes", routes])
             for i in range(num_nodes)]
 
 
