@@ -105,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(uses_learned_oracle(s, spec.oracle) for s in systems):  # before the systems start: each reads the cache
         from .oracle_training import ensure_profiles
 
-        from .runner import janus_policies
+        from .runner import janus_policies, oracle_policy
 
         profiles = ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=args.processes,
-                                   say=console.print, elastic=janus_policies(spec.policy)[0].elastic)
+                                   say=console.print, elastic=janus_policies(spec.policy)[0].elastic,
+                                   policy=oracle_policy(spec.policy))
         fresh = {k: v for k, v in profiles.items() if not v["cached"]}
         console.print(f"learned oracle: {len(profiles)} kinds of instance profiled on the simulated device "
                       f"({sum(v['points'] for v in profiles.values())} grid points, at most "

@@ -15,8 +15,9 @@
   (oracle/profile/virtual_clock.py). Profiled colocated, a busy model's learned attainment plateaued below the target
   where Janus serves it disaggregated (docs/bench/sim.md, run 24).
 - The replica counts: the device plan's (1, 2, 4, 8), and for a kind whose busiest first-minute window the
-  datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most `MAX_PROFILED_REPLICAS`
-  (the oracle's profiling plan, `oracle.profile.run.widened_replicas`; past the grid the GP follows its prior mean).
+  datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most the oracle's
+  `profile_max_replicas` (32; the oracle's profiling plan, `oracle.profile.run.widened_replicas`; past the grid the
+  GP follows its prior mean).
 - The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a
@@ -126,11 +127,12 @@ def scaled_mix(mix: LengthMix, factor: float, name: str) -> LengthMix:
 
 
 def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
-                       base: tuple[int, ...] = SIM_PLAN.replicas) -> tuple[int, ...]:
+                       base: tuple[int, ...] = SIM_PLAN.replicas,
+                       max_replicas: int = MAX_PROFILED_REPLICAS) -> tuple[int, ...]:
     """The replica counts to profile: `base`, and for a kind whose busiest first-minute window (at the scaler's
     `load_headroom`) the datasheet's roofline sizes at more instances than half `base`'s largest, powers of two
-    on to twice that count (at most MAX_PROFILED_REPLICAS). The datasheet is what the oracle knows before a
-    profile; it only picks the grid, the labels are measured."""
+    on to twice that count (at most `max_replicas`: the plan's, the oracle's `profile_max_replicas`). The
+    datasheet is what the oracle knows before a profile; it only picks the grid, the labels are measured."""
 
     datasheet = scenario.cost(group.apps[0]).roofline
     roofline = RooflineModel(datasheet.device, datasheet.shape, tp=group.tp,
@@ -142,8 +144,8 @@ def telemetry_replicas(scenario: Scenario, group: Group, elastic: ElasticPolicy,
             if f.token_rate_tps > 0:
                 f = f.model_copy(update={"token_rate_tps": f.token_rate_tps * elastic.load_headroom})
                 most = max(most, replicas_for(roofline, f, group.ttft_slo_s, group.tpot_slo_s,
-                                              elastic.target_attainment, MAX_PROFILED_REPLICAS))
-    return widened_replicas(base, most)
+                                              elastic.target_attainment, max_replicas))
+    return widened_replicas(base, most, max_replicas)
 
 
 def planner_layout(elastic: ElasticPolicy, measured: RooflineModel | None = None, tpot_slo_ms: float = 0.0) \
@@ -183,6 +185,7 @@ def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: P
     plan_key = asdict(plan)
     if plan.lifetime_answer == "mean":
         del plan_key["lifetime_answer"]  # the profiles made before the option keep their name
+    del plan_key["max_replicas"]  # the widened counts it led to are in the key (`replicas`)
     key = json.dumps({"device": asdict(scenario.device), "efficiency": asdict(scenario.efficiency),
                       "effects": asdict(scenario.effects), "shape": group.shape_name, "tp": group.tp,
                       "slo": [group.ttft_slo_s, group.tpot_slo_s], "plan": plan_key,
@@ -198,7 +201,15 @@ def cache_path(scenario: Scenario, group: Group, plan: ProfilePlan, cache_dir: P
 def plan_for(scenario: Scenario, group: Group, plan: ProfilePlan = SIM_PLAN,
              elastic: ElasticPolicy | None = None) -> ProfilePlan:
     return replace(plan, mixes=telemetry_mixes(scenario, group.apps),
-                   replicas=telemetry_replicas(scenario, group, elastic or ElasticPolicy(), plan.replicas))
+                   replicas=telemetry_replicas(scenario, group, elastic or ElasticPolicy(), plan.replicas,
+                                               plan.max_replicas))
+
+
+def sim_plan(policy: OraclePolicy | None = None) -> ProfilePlan:
+    """The simulator's profiling plan with the oracle's profile knobs (`profile_lifetime_answer`,
+    `profile_max_replicas`), as `janus profile` takes them from the cluster YAML."""
+    policy = policy or OraclePolicy()
+    return replace(SIM_PLAN, lifetime_answer=policy.profile_lifetime_answer, max_replicas=policy.profile_max_replicas)
 
 
 def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
@@ -227,16 +238,19 @@ def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: Profi
 
 
 def ensure_profiles(scenario: Scenario, cache_dir: Path, processes: int = 2,
-                    say: Callable[[str], None] = print, elastic: ElasticPolicy | None = None) -> dict[str, dict]:
-    """Profile every group not cached yet (`processes` at a time); returns per group what the report shows:
-    points, the profile's own time (when it ran), whether it came from the cache."""
+                    say: Callable[[str], None] = print, elastic: ElasticPolicy | None = None,
+                    policy: OraclePolicy | None = None) -> dict[str, dict]:
+    """Profile every group not cached yet (`processes` at a time), by the plan the oracle's `policy` makes
+    (`sim_plan`); returns per group what the report shows: points, the profile's own time (when it ran), whether it
+    came from the cache."""
     elastic = elastic or ElasticPolicy()
+    plan = sim_plan(policy)
     groups = groups_of(scenario)
     todo = [g for g in groups
-            if not cache_path(scenario, g, plan_for(scenario, g, elastic=elastic), Path(cache_dir), elastic).exists()]
+            if not cache_path(scenario, g, plan_for(scenario, g, plan, elastic), Path(cache_dir), elastic).exists()]
     if todo:
         say(f"profiling {len(todo)} kinds of instance on the simulated device ({', '.join(g.name for g in todo)})")
-        jobs = [(scenario, g, str(cache_dir), elastic) for g in todo]
+        jobs = [(scenario, g, str(cache_dir), plan, elastic) for g in todo]
         if processes > 1 and len(todo) > 1:
             import multiprocessing as mp
 
@@ -247,15 +261,15 @@ def ensure_profiles(scenario: Scenario, cache_dir: Path, processes: int = 2,
             for job in jobs:
                 name, elapsed_s = _profile_one(job)
                 say(f"{name}: profiled in {elapsed_s:.0f} s")
-    return {g.name: profile_report(profile_group(scenario, g, Path(cache_dir), elastic=elastic),
+    return {g.name: profile_report(profile_group(scenario, g, Path(cache_dir), plan, elastic=elastic),
                                    was_cached=g not in todo)
             for g in groups}
 
 
 def _profile_one(args: tuple) -> tuple[str, float]:
-    scenario, group, cache_dir, elastic = args
+    scenario, group, cache_dir, plan, elastic = args
     started = time.perf_counter()
-    profile_group(scenario, group, Path(cache_dir), elastic=elastic)
+    profile_group(scenario, group, Path(cache_dir), plan, elastic=elastic)
     return group.name, time.perf_counter() - started
 
 
@@ -275,16 +289,19 @@ def profile_report(training_set: TrainingSet, was_cached: bool) -> dict:
             "capacities_rps": training_set.meta.get("capacities_rps", {})}
 
 
-def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
+def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan | None = None,
                    elastic: ElasticPolicy | None = None, policy: OraclePolicy | None = None) -> Oracle:
     """The Oracle of a deployment that profiled its devices: per app, the group's fitted roofline (datasheet and
     fitted efficiencies) as the fallback and the group's two GPs, the apps of a group learning together (one pool of
     samples, `Oracle.share`: online, each refit learns from all their windows). `elastic`: the scaler policy whose
     layout was profiled (default: the live default); `policy`: the oracle's knobs (default: the live default; its
-    `profile_lifetime_answer` sets the plan's, as `janus profile` takes it from the cluster YAML)."""
+    `profile_lifetime_answer` and `profile_max_replicas` set the plan's, `sim_plan`). `plan`: another base plan,
+    those two knobs set on it all the same."""
     from oracle.gp import gp_oracle
 
-    plan = replace(plan, lifetime_answer=(policy or OraclePolicy()).profile_lifetime_answer)
+    knobs = policy or OraclePolicy()
+    plan = replace(plan or SIM_PLAN, lifetime_answer=knobs.profile_lifetime_answer,
+                   max_replicas=knobs.profile_max_replicas)
     oracle = gp_oracle(policy=policy)
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)

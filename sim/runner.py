@@ -219,7 +219,7 @@ def run_many(spec: ScenarioSpec, systems: list[str], processes: int = 2, bin_s: 
         from .oracle_training import ensure_profiles
 
         ensure_profiles(spec.build(), Path(spec.oracle_cache_dir), processes=processes,
-                        elastic=janus_policies(spec.policy)[0].elastic)
+                        elastic=janus_policies(spec.policy)[0].elastic, policy=oracle_policy(spec.policy))
     if processes <= 1:
         return [_worker((spec, s, bin_s, None, extra)) if on_progress is None
                 else run_one(spec, s, bin_s, on_progress, extra) for s in systems]

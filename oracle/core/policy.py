@@ -48,6 +48,12 @@ class OraclePolicy:
     # mean: a heavy-tailed mix's decode KV fills over that). "in-flight" met 0.99 on every seed of the headline with
     # the learned oracle, on 17-19 % more device-hours (docs/bench/sim.md run 48; HarnessSettings.lifetime_answer).
     profile_lifetime_answer: Literal["mean", "in-flight"] = "mean"
+    # The largest replica count the simulator's profiles widen to for a kind its first minute sizes wide (powers of
+    # two, oracle.profile.run.widened_replicas; `janus profile` on this CPU runs its plan's fixed counts). 64 brought
+    # seed 1's learned Janus from 1.06x to 1.00-1.02x the clairvoyant's device-hours (its busiest app is sized near
+    # 90 instances before telemetry: at 32 that was past the grid), but seed 2's attainment fell to 0.9871 at one
+    # refit time (docs/bench/sim.md run 51).
+    profile_max_replicas: int = 32
 
     # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
     SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})
@@ -84,6 +90,8 @@ class OraclePolicy:
         if self.telemetry_spacing_windows < 0 or self.min_telemetry_requests < 1 or self.telemetry_settle_windows < 0:
             raise ValueError("OraclePolicy: telemetry_spacing_windows >= 0, telemetry_settle_windows >= 0 and "
                              "min_telemetry_requests >= 1")
+        if self.profile_max_replicas < 1:
+            raise ValueError(f"OraclePolicy: profile_max_replicas >= 1, got {self.profile_max_replicas!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
             raise ValueError("OraclePolicy: 0 < logit_clip < 0.5 and need_floor > 0")
 

@@ -198,6 +198,7 @@ def test_an_unknown_or_bad_oracle_knob_names_its_section(tmp_path, capsys):
     ("refit_min_interval_s: true", "oracle: refit_min_interval_s: expected float, got True"),
     ("attainment_target: probit", "oracle: attainment_target: one of 'identity', 'logit', got 'probit'"),
     ("profile_lifetime_answer: median", "oracle: profile_lifetime_answer: one of 'mean', 'in-flight', got 'median'"),
+    ("profile_max_replicas: 0", "oracle: OraclePolicy: profile_max_replicas >= 1, got 0"),
 ])
 def test_an_oracle_knob_of_the_wrong_type_is_refused(tmp_path, capsys, knob, expected):
     rc, out, err = _run(capsys, "--config", str(_write(tmp_path, f"oracle: {{{knob}}}\n")))

@@ -188,3 +188,15 @@ def test_profiler_records_the_speed_factor_of_each_point(demo_models_dir):
     assert corrected.probe is not None and corrected.probe.reference_s > 0
     factor = corrected.run_point(point, 0)[2]["speed_factor"]
     assert 0.0 < factor <= 1.5 and factor == pytest.approx(corrected.speed_factor, abs=1e-4)
+
+
+def test_the_grid_widens_by_doublings_to_twice_the_count_telemetry_needs_and_stops_at_the_cap():
+    from oracle.profile.run import DEVICE, MAX_PROFILED_REPLICAS, widened_replicas
+
+    assert widened_replicas(DEVICE.replicas, 4) == (1, 2, 4, 8)  # within half the largest: the plan as it is
+    assert widened_replicas(DEVICE.replicas, 12) == (1, 2, 4, 8, 16, 32)
+    assert widened_replicas(DEVICE.replicas, 10_000) == (1, 2, 4, 8, 16, 32) and MAX_PROFILED_REPLICAS == 32
+    # the oracle's profile_max_replicas raised: a count past 32 (the headline's busiest 32B app asks ~90 in its first
+    # minute) is profiled at 64, not extrapolated to from 32 (docs/bench/sim.md, run 51)
+    assert widened_replicas(DEVICE.replicas, 40, max_replicas=64) == (1, 2, 4, 8, 16, 32, 64)
+    assert widened_replicas(DEVICE.replicas, 10_000, max_replicas=24) == (1, 2, 4, 8, 16, 24)

@@ -138,3 +138,24 @@ def test_the_profile_measures_the_split_ratio_the_scaler_is_told(shape, tp):
         layout = planner_layout(policy, profiler.roofline, tpot_ms)
         assert layout(point) == split_prefill_decode(8, point.features, policy, measured)
     assert planner_layout(ElasticPolicy())(point) == split_prefill_decode(8, point.features, ElasticPolicy())
+
+
+def test_the_oracles_profile_max_replicas_widens_the_simulated_profiles_and_keeps_the_default_cache_names(tmp_path):
+    """`oracle.profile_max_replicas` is the grid's cap (docs/bench/sim.md run 51): a kind its first minute sizes past
+    16 instances is profiled on to 64 with it at 64, to 32 by default; the default plan's cache name is the one
+    profiles had before the knob (the counts it widens to are in the key)."""
+    from dataclasses import asdict
+
+    from sim.oracle_training import plan_for, sim_plan
+
+    trace = servegen_trace(num_apps=4, duration_s=120.0, num_requests=60_000, seed=3)
+    scenario = build_scenario(trace, num_devices=256, tiers=((1.0, ("qwen2.5-32b",)),), effects=DeviceEffects(seed=3))
+    group = groups_of(scenario)[0]
+    assert sim_plan().max_replicas == MAX_PROFILED_REPLICAS == 32
+    default = plan_for(scenario, group, sim_plan())
+    wide = plan_for(scenario, group, sim_plan(OraclePolicy(profile_max_replicas=64)))
+    assert max(default.replicas) == 32 and max(wide.replicas) == 64, (default.replicas, wide.replicas)
+    assert cache_path(scenario, group, default, tmp_path) != cache_path(scenario, group, wide, tmp_path)
+    assert "max_replicas" in asdict(default)
+    assert cache_path(scenario, group, default, tmp_path) == cache_path(
+        scenario, group, replace(default, max_replicas=128), tmp_path)  # same counts, same profile
