@@ -205,11 +205,11 @@ def plan_for(scenario: Scenario, group: Group, plan: ProfilePlan = SIM_PLAN,
                                                plan.max_replicas))
 
 
-def sim_plan(policy: OraclePolicy | None = None) -> ProfilePlan:
-    """The simulator's profiling plan with the oracle's profile knobs (`profile_lifetime_answer`,
+def sim_plan(policy: OraclePolicy | None = None, base: ProfilePlan = SIM_PLAN) -> ProfilePlan:
+    """The simulator's profiling plan (`base`) with the oracle's profile knobs (`profile_lifetime_answer`,
     `profile_max_replicas`), as `janus profile` takes them from the cluster YAML."""
     policy = policy or OraclePolicy()
-    return replace(SIM_PLAN, lifetime_answer=policy.profile_lifetime_answer, max_replicas=policy.profile_max_replicas)
+    return replace(base, lifetime_answer=policy.profile_lifetime_answer, max_replicas=policy.profile_max_replicas)
 
 
 def profile_group(scenario: Scenario, group: Group, cache_dir: Path, plan: ProfilePlan = SIM_PLAN,
@@ -299,9 +299,7 @@ def learned_oracle(scenario: Scenario, cache_dir: Path, plan: ProfilePlan | None
     those two knobs set on it all the same."""
     from oracle.gp import gp_oracle
 
-    knobs = policy or OraclePolicy()
-    plan = replace(plan or SIM_PLAN, lifetime_answer=knobs.profile_lifetime_answer,
-                   max_replicas=knobs.profile_max_replicas)
+    plan = sim_plan(policy, plan or SIM_PLAN)
     oracle = gp_oracle(policy=policy)
     for group in groups_of(scenario):
         training_set = profile_group(scenario, group, cache_dir, plan, elastic=elastic)

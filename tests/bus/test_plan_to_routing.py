@@ -107,14 +107,22 @@ async def test_load_jump_forks_real_workers_and_the_dispatcher_routes_to_them(na
         new = ready("hot") - before
         await wait_for(lambda: reconciler.core.is_done(jump.plan_id), what="the jump plan done")
 
+        # Nine identical prompts at once, each decoding long enough to be in flight while the others arrive: they
+        # queue together, and LST-IMH sends those that would wait behind the prompt's holder to the instances the
+        # jump added (the same with the decode gap at 1,000). Sent one by one with 4-token answers, each could finish
+        # before the next arrived (a finished request leaves the decode backlog at once), and the holder, free again
+        # and holding the prompt, rightly took all nine: 2 runs in 6 failed that way beside three busy loops.
         now = time.time() * 1000
-        for i in range(9):
+
+        async def submit(i: int) -> SubmitAck:
             req = GenerateRequest(request_id=f"jump-{i}", model="hot", prompt_token_ids=tuple(range(1, 200)),
-                                  sampling=SamplingParams(max_tokens=4), arrival_unix_ms=now,
+                                  sampling=SamplingParams(max_tokens=32, ignore_eos=True), arrival_unix_ms=now,
                                   ttft_deadline_unix_ms=now + 30_000, tpot_slo_ms=1000.0,
                                   reply_subject=subjects.reply("test", f"jump-{i}"))
-            ack = await bus.request(subjects.req("hot"), req, SubmitAck, timeout_s=5.0)
-            assert ack.status == "queued"
+            return await bus.request(subjects.req("hot"), req, SubmitAck, timeout_s=5.0)
+
+        acks = await asyncio.gather(*(submit(i) for i in range(9)))
+        assert all(ack.status == "queued" for ack in acks), acks
         await wait_for(lambda: len({r.request.request_id for r in routed}) >= 9, what="requests routed")
         assert {r.instance_id for r in routed} & new, "some requests go to the instances the jump added"
 
