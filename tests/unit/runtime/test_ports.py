@@ -1,5 +1,5 @@
-"""Ports picked before their server starts (a cluster's route ports) lie outside the kernel's ephemeral range: picked before the nodes start, a port the
-kernel could hand out may become a route connection's source port before its node listens (CI saw a node die with
+"""Ports picked before their server starts (a cluster's route ports) lie outside the kernel's ephemeral range: a
+port the kernel could hand out may meanwhile become a route connection's source port (CI saw a node die with
 "address already in use" on its router port)."""
 import socket
 
