@@ -4,9 +4,10 @@ this machine.
 The engine (worker/engine LLMEngine) runs a demo checkpoint on this CPU, torch on one thread; we time isolated
 prefill steps over a range of prompt lengths and decode steps over a range of batch sizes by the CPU time of the
 thread that runs them (wall time on a CPU shared with other work measures the others too). The device is this CPU
-as `ops.engine_probe.EngineLikeProbe` measures it between the steps; the roofline's efficiencies (mfu, mbu, per-step
-overhead) are fitted by `oracle.profile.calibrate.fit_efficiency` on half of the points and the
-error is reported on the other half, so the figure is a prediction error, not a fit residual.
+as `ops.engine_probe.EngineLikeProbe` measures it between the steps; the roofline's mfu and per-step overhead are
+fitted by `oracle.profile.calibrate.fit_efficiency` on half of the points and the error is reported on the other
+half, so the figure is a prediction error, not a fit residual. mbu is held at 1: the probe reads the weights' bytes
+as a step does, so the read speed it measures is the steps' own.
 
     python -m sim.calibrate --model demo-medium
 """
@@ -140,13 +141,22 @@ def _weights_bytes(model_dir: Path) -> int:
     return max(2**20, sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
 
 
+def step_samples(points: list[Point]) -> list:
+    """The points as the efficiency fit takes them (`oracle.profile.calibrate.StepSample`)."""
+    from oracle.profile.calibrate import StepSample
+
+    return [StepSample(wall_ms=p.measured_ms, num_prefill_tokens=p.size if p.kind == "prefill" else 0,
+                       batch_size=p.size if p.kind == "decode" else 0, context_tokens=p.context_tokens)
+            for p in points]
+
+
 def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -> Calibration:
     """Fit the efficiencies on every other point of each kind, predict the rest with the simulator's StepCost.
     Without points, `measure` takes them and the device; without a device, it is measured now, apart from the
     steps (pass `Measurement.device` to measure both in the same rounds)."""
     from oracle.cpu_device import calibrate_cpu
     from ops.engine_probe import engine_like_cpu
-    from oracle.profile.calibrate import StepSample, fit_efficiency
+    from oracle.profile.calibrate import fit_efficiency
     from oracle.roofline import Efficiency, RooflineModel
     from oracle.specs import ModelShape
 
@@ -167,10 +177,9 @@ def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -
         fit += of_kind[0::2]
         held += of_kind[1::2]
     roofline = RooflineModel(device, shape, 1, Efficiency())
-    samples = [StepSample(wall_ms=p.measured_ms, num_prefill_tokens=p.size if p.kind == "prefill" else 0,
-                          batch_size=p.size if p.kind == "decode" else 0, context_tokens=p.context_tokens)
-               for p in fit]
-    efficiency = fit_efficiency(roofline, samples)
+    # mbu stays 1: the probe rated the device's reads by reading the weights' bytes, as each step does; a fitted
+    # mbu trades against the overhead by noise here (fit_efficiency's docstring)
+    efficiency = fit_efficiency(roofline, step_samples(fit), mbu=1.0)
     cost = StepCost(RooflineModel(device, shape, 1, efficiency))
 
     def predict(p: Point) -> Point:

@@ -20,9 +20,18 @@ class StepSample:
     context_tokens: int = 0
 
 
-def fit_efficiency(roofline: RooflineModel, samples: list[StepSample]) -> Efficiency:
+def fit_efficiency(roofline: RooflineModel, samples: list[StepSample], mbu: float | None = None) -> Efficiency:
     """Grid search over mfu and mbu (log-spaced) with the overhead set to the median residual, minimising the
-    squared log error of predicted step times."""
+    squared log error of predicted step times.
+
+    `mbu` fixes the memory efficiency instead of fitting it: for a caller that measured the device's read speed the
+    way the steps read (sim.calibrate's probe reads the weights' bytes). A model whose steps all read about the same
+    bytes (its weights) makes the memory time a near-constant, collinear with the per-step overhead, and a free fit
+    then picks between "memory-bound at a low mbu, no overhead" and "mbu near 1 plus an overhead" by noise: the
+    first leaves prefill without an intercept and over-predicts mid-length prompts (docs/bench/sim.md,
+    "Calibration")."""
+    if mbu is not None and not 0.0 < mbu <= 1.0:
+        raise ValueError(f"fit_efficiency: mbu must be in (0, 1], got {mbu}")
     if len(samples) < 3:
         raise ValueError("fit_efficiency needs at least 3 step samples")
     flops, num_bytes = [], []
@@ -40,19 +49,21 @@ def fit_efficiency(roofline: RooflineModel, samples: list[StepSample]) -> Effici
 
     def search(mfus: np.ndarray, mbus: np.ndarray) -> tuple[float, float, float, float]:
         best = (np.inf, 1.0, 1.0, 0.0)
-        for mfu in mfus:
-            for mbu in mbus:
-                core = np.maximum(compute_ms_at_peak / mfu, memory_ms_at_peak / mbu)
+        for mfu_try in mfus:
+            for mbu_try in mbus:
+                core = np.maximum(compute_ms_at_peak / mfu_try, memory_ms_at_peak / mbu_try)
                 overhead = max(float(np.median(wall_ms - core)), 0.0)
                 error = float(np.sum((np.log(wall_ms) - np.log(core + overhead + 1e-9)) ** 2))
                 if error < best[0]:
-                    best = (error, float(mfu), float(mbu), overhead)
+                    best = (error, float(mfu_try), float(mbu_try), overhead)
         return best
 
     # coarse (x1.21 a step), then fine (x1.01) around the best: a coarse step alone is a 10 % error in every
     # prediction, which is half of what the simulator's calibration may miss by
     coarse_step = 10 ** (4 / 48)
-    _, mfu, mbu, _ = search(np.logspace(-4, 0, 49), np.logspace(-4, 0, 49))
+    coarse = np.logspace(-4, 0, 49)
+    _, coarse_mfu, coarse_mbu, _ = search(coarse, coarse if mbu is None else np.array([mbu]))
     fine = np.logspace(-np.log10(coarse_step), np.log10(coarse_step), 41)
-    _, mfu, mbu, overhead = search(np.clip(mfu * fine, 1e-4, 1.0), np.clip(mbu * fine, 1e-4, 1.0))
-    return replace(roofline.efficiency, mfu=mfu, mbu=mbu, step_overhead_ms=overhead)
+    fine_mbus = np.clip(coarse_mbu * fine, 1e-4, 1.0) if mbu is None else np.array([mbu])
+    _, fitted_mfu, fitted_mbu, overhead = search(np.clip(coarse_mfu * fine, 1e-4, 1.0), fine_mbus)
+    return replace(roofline.efficiency, mfu=fitted_mfu, mbu=fitted_mbu, step_overhead_ms=overhead)

@@ -94,6 +94,20 @@ def test_calibration_recovers_the_efficiency_that_made_the_steps():
         fit_efficiency(made, samples[:2])
 
 
+def test_a_fixed_mbu_is_kept_and_the_rest_is_fitted_around_it():
+    truth = Efficiency(mfu=0.3, mbu=0.1, step_overhead_ms=2.0)
+    made = RooflineModel(h200(), model_shape("qwen2-1.5b"), efficiency=truth)
+    samples = [StepSample(made.prefill_ms(n), num_prefill_tokens=n) for n in (16, 256, 2048, 8192)]
+    samples += [StepSample(made.decode_step_ms(b, b * 300), batch_size=b, context_tokens=b * 300) for b in (1, 64)]
+    fitted = fit_efficiency(RooflineModel(h200(), model_shape("qwen2-1.5b")), samples, mbu=0.1)
+    assert fitted.mbu == 0.1
+    assert fitted.mfu == pytest.approx(0.3, rel=0.02)
+    assert fitted.step_overhead_ms == pytest.approx(2.0, rel=0.05)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="mbu"):
+            fit_efficiency(made, samples, mbu=bad)
+
+
 class StepClock:
     """A deterministic timer: every read advances 5 ms, so each engine step 'takes' 5 ms of virtual time."""
 
