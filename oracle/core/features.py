@@ -14,6 +14,7 @@ ELASTICITY_INPUTS = CAPACITY_INPUTS + ("log_replicas", "log_token_rate_per_repli
 # The inputs that describe the requests' lengths (where a GP's extrapolation is checked: Oracle, "past the lengths")
 LENGTH_INPUTS = ("log_input_mean", "log_input_std", "log_output_mean")
 LENGTH_COLUMNS = tuple(ELASTICITY_INPUTS.index(name) for name in LENGTH_INPUTS)
+REPLICAS_COLUMN = ELASTICITY_INPUTS.index("log_replicas")
 # Weight signs of the Elasticity GP's logistic prior mean (oracle/gp/exact.LogisticMean), one per input: the knee
 # sits at a per-replica load set by the length mix (free weights); attainment falls with the load per replica
 # ("down") and pooling more replicas helps at the same load per replica ("up"). The total rate is left out
@@ -49,13 +50,24 @@ def elasticity_inputs(features: list[LoadFeatures], replicas: list[int]) -> np.n
     return np.array(rows, dtype=float).reshape(len(rows), len(ELASTICITY_INPUTS))
 
 
-def elasticity_grid(features: LoadFeatures, replicas: np.ndarray) -> np.ndarray:
-    """Inputs for one load at many replica counts (the fast path: no per-row Python work)."""
+def elasticity_grid(features: LoadFeatures, replicas: np.ndarray, pooled_past: int | None = None) -> np.ndarray:
+    """Inputs for one load at many replica counts (the fast path: no per-row Python work).
+
+    `pooled_past`: a count m above it is asked as `pooled_past` replicas at the same load per replica (the total
+    rate scaled by pooled_past / m). More replicas at one load per replica attain at least as well as fewer (the
+    dispatcher pools their queues), so that answer is a lower bound where the GP has no data, in place of its prior
+    past the counts it was trained on."""
     m = np.asarray(replicas, dtype=float)
     if m.min() < 1:
         raise ValueError("replica counts must be >= 1")
+    if pooled_past is not None and pooled_past < 1:
+        raise ValueError(f"pooled_past must be >= 1, got {pooled_past}")
     out = np.empty((len(m), len(ELASTICITY_INPUTS)))
     out[:, :4] = capacity_row(features)
     np.log(m, out=out[:, 4])
     np.log1p(features.token_rate_tps / m, out=out[:, 5])
+    if pooled_past is not None and m.max() > pooled_past:
+        past = m > pooled_past
+        out[past, 0] = np.log1p(features.token_rate_tps * pooled_past / m[past])
+        out[past, 4] = math.log(pooled_past)
     return out

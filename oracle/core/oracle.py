@@ -32,7 +32,7 @@ from contracts import (
 from ..roofline import Efficiency, RooflineModel
 from ..specs import DeviceSpec, ModelShape
 from .dataset import CapacitySample, ElasticitySample, TrainingSet
-from .features import LENGTH_COLUMNS, capacity_inputs, elasticity_grid, elasticity_row
+from .features import LENGTH_COLUMNS, REPLICAS_COLUMN, capacity_inputs, elasticity_grid, elasticity_row
 from .monotone import monotone_attainment
 from .policy import OraclePolicy
 from .predictors import CapacityPredictor, ElasticityPredictor
@@ -264,7 +264,8 @@ class Oracle:
             by_length[key[7]].append(key)
         for grid_max, group in by_length.items():
             grid = np.arange(1, grid_max + 1)
-            inputs = np.stack([elasticity_grid(missing[k].features, grid) for k in group])
+            inputs = np.stack([elasticity_grid(missing[k].features, grid, self._pooled_past(missing[k].model))
+                               for k in group])
             if len(group) == 1:
                 predictor = self._elasticity[missing[group[0]].model]
 
@@ -290,6 +291,13 @@ class Oracle:
             for key, mean, std, bound in zip(group, means.tolist(), raw_stds.tolist(), bounds.tolist()):
                 found[key] = self._grid_cache[key] = (tuple(mean), tuple(std), tuple(bound))
         return found
+
+    def _pooled_past(self, model: str) -> int | None:
+        """The count past which the model's Elasticity GP is asked at the same load per replica (None: never)."""
+        if self.policy.past_trained_replicas != "pooled":
+            return None
+        _, hi = self._elasticity[model].input_range
+        return max(1, int(round(math.exp(hi[REPLICAS_COLUMN]))))
 
     def _is_past_lengths(self, predictor: ElasticityPredictor, features: LoadFeatures) -> bool:
         """Whether the load's lengths (mean prompt, prompt spread, mean output) lie more than the policy's factor

@@ -54,6 +54,11 @@ class OraclePolicy:
     # 90 instances before telemetry: at 32 that was past the grid), but seed 2's attainment fell to 0.9871 at one
     # refit time (docs/bench/sim.md run 51).
     profile_max_replicas: int = 32
+    # Past the largest replica count an Elasticity GP was trained on (profiles, then telemetry): "pooled" asks it at
+    # that count and the same load per replica (a lower bound: more replicas pool their queues), "prior" lets it
+    # extrapolate to its prior mean with a widening sigma. Pooled brought seed 1's learned Janus from 1.05-1.06x to
+    # 1.03-1.04x the clairvoyant's device-hours (docs/oracle.md, "Past the trained counts"; docs/bench/sim.md run 52).
+    past_trained_replicas: Literal["pooled", "prior"] = "pooled"
 
     # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
     SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})
@@ -90,6 +95,8 @@ class OraclePolicy:
         if self.telemetry_spacing_windows < 0 or self.min_telemetry_requests < 1 or self.telemetry_settle_windows < 0:
             raise ValueError("OraclePolicy: telemetry_spacing_windows >= 0, telemetry_settle_windows >= 0 and "
                              "min_telemetry_requests >= 1")
+        if self.past_trained_replicas not in ("pooled", "prior"):
+            raise ValueError(f"OraclePolicy: past_trained_replicas pooled or prior, got {self.past_trained_replicas!r}")
         if self.profile_max_replicas < 1:
             raise ValueError(f"OraclePolicy: profile_max_replicas >= 1, got {self.profile_max_replicas!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
