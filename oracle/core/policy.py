@@ -57,8 +57,9 @@ class OraclePolicy:
     # Past the largest replica count an Elasticity GP was trained on (profiles, then telemetry): "pooled" asks it at
     # that count and the same load per replica (a lower bound: more replicas pool their queues), "prior" lets it
     # extrapolate to its prior mean with a widening sigma. Pooled brought seed 1's learned Janus from 1.05-1.06x to
-    # 1.03-1.04x the clairvoyant's device-hours (docs/oracle.md, "Past the trained counts"; docs/bench/sim.md run 52).
-    past_trained_replicas: Literal["pooled", "prior"] = "pooled"
+    # 1.03-1.04x the clairvoyant's device-hours, but seed 2 lost at all three refit times (more device-hours, app-52
+    # down to 0.74-0.84 at two): docs/oracle.md, "Past the trained counts"; docs/bench/sim.md run 52.
+    past_trained_replicas: Literal["pooled", "prior"] = "prior"
 
     # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
     SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})
