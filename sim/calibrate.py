@@ -141,6 +141,17 @@ def _weights_bytes(model_dir: Path) -> int:
     return max(2**20, sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
 
 
+def engine_shape(model_dir: Path):
+    """The checkpoint's ModelShape as the engine runs it here: float32 weights and KV cache."""
+    import json
+
+    from oracle.specs import ModelShape
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return replace(ModelShape.from_hf_config(config, name=Path(model_dir).name, bytes_per_param=4.0),
+                   kv_bytes_per_element=4)
+
+
 def step_samples(points: list[Point]) -> list:
     """The points as the efficiency fit takes them (`oracle.profile.calibrate.StepSample`)."""
     from oracle.profile.calibrate import StepSample
@@ -158,18 +169,13 @@ def calibrate(model_dir: Path, points: list[Point] | None = None, device=None) -
     from ops.engine_probe import engine_like_cpu
     from oracle.profile.calibrate import fit_efficiency
     from oracle.roofline import Efficiency, RooflineModel
-    from oracle.specs import ModelShape
 
     from .costmodel import StepCost
-
-    import json
 
     if points is None:
         measured = measure(model_dir)
         points, device = measured.points, device or measured.device
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    shape = ModelShape.from_hf_config(config, name=Path(model_dir).name, bytes_per_param=4.0)
-    shape = replace(shape, kv_bytes_per_element=4)  # the engine runs float32 here
+    shape = engine_shape(model_dir)
     device = device or engine_like_cpu(calibrate_cpu(num_bytes=16 * 2**20, repeats=1))
     fit, held = [], []
     for kind in ("prefill", "decode"):

@@ -15,6 +15,7 @@ ELASTICITY_INPUTS = CAPACITY_INPUTS + ("log_replicas", "log_token_rate_per_repli
 LENGTH_INPUTS = ("log_input_mean", "log_input_std", "log_output_mean")
 LENGTH_COLUMNS = tuple(ELASTICITY_INPUTS.index(name) for name in LENGTH_INPUTS)
 REPLICAS_COLUMN = ELASTICITY_INPUTS.index("log_replicas")
+RATE_COLUMN = ELASTICITY_INPUTS.index("log_token_rate")
 # Weight signs of the Elasticity GP's logistic prior mean (oracle/gp/exact.LogisticMean), one per input: the knee
 # sits at a per-replica load set by the length mix (free weights); attainment falls with the load per replica
 # ("down") and pooling more replicas helps at the same load per replica ("up"). The total rate is left out
@@ -68,6 +69,6 @@ def elasticity_grid(features: LoadFeatures, replicas: np.ndarray, pooled_past: i
     np.log1p(features.token_rate_tps / m, out=out[:, 5])
     if pooled_past is not None and m.max() > pooled_past:
         past = m > pooled_past
-        out[past, 0] = np.log1p(features.token_rate_tps * pooled_past / m[past])
-        out[past, 4] = math.log(pooled_past)
+        out[past, RATE_COLUMN] = np.log1p(features.token_rate_tps * pooled_past / m[past])
+        out[past, REPLICAS_COLUMN] = math.log(pooled_past)
     return out

@@ -1,7 +1,7 @@
 """The simulator's step times against the real engine's, on this machine (held-out points, stated bounds)."""
 import pytest
 
-from sim.calibrate import ERROR_BOUND, Point, calibrate, measure, step_samples
+from sim.calibrate import ERROR_BOUND, Point, calibrate, engine_shape, measure, step_samples
 
 pytestmark = pytest.mark.slow  # builds a demo checkpoint and times ~80 engine steps
 
@@ -43,19 +43,15 @@ def test_decode_steps_growing_faster_than_their_bytes_do_not_take_the_prefill_in
     # every step, so memory time and per-step overhead are near-collinear. A free mbu explained decode as memory-bound
     # at mbu ~0.26 with no overhead, which left prefill without its intercept; the probe's read speed is the steps'
     # own, so the calibration holds mbu at 1 and the overhead stays.
-    import json
     from dataclasses import replace
 
     from oracle.cpu_device import calibrate_cpu
     from oracle.profile.calibrate import fit_efficiency
     from oracle.roofline import RooflineModel
-    from oracle.specs import ModelShape
 
     device = replace(calibrate_cpu(num_bytes=8 * 2**20, matmul_dim=256, repeats=1),
                      peak_bf16_flops_per_s=178e9, hbm_bytes_per_s=27e9)
-    config = json.loads((model_dir / "config.json").read_text())
-    shape = replace(ModelShape.from_hf_config(config, name="demo-small", bytes_per_param=4.0), kv_bytes_per_element=4)
-    roofline = RooflineModel(device, shape, 1)
+    roofline = RooflineModel(device, engine_shape(model_dir), 1)
     overhead_ms, ms_per_gflop = 1.2, 10.6
     # the fitted sizes (128, 512) 10 % slow, as the fastest of a loaded suite's rounds can be
     prefill = [Point("prefill", n, 0, (overhead_ms + ms_per_gflop * roofline.prefill_flops(n) / 1e9)
