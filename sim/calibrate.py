@@ -106,9 +106,15 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
     for _ in range(2):  # warm up allocator and kernels
         engine.add_request(f"warm{_}", rng.integers(10, vocab, 64).tolist(), greedy)
         _run_until_idle(engine)
-    # rounds, each visiting every size once: a stretch of contention from other jobs then slows one round of all
-    # sizes, not every repeat of one size, and the fastest round of each size is still a quiet one
+    # rounds, each visiting every size of both phases once: a stretch of contention from other jobs then slows one
+    # round of all sizes, not every repeat of one size or one phase, and the fastest round of each size is still a
+    # quiet one. Decode steps are memory-bound and slow more under contention than prefill's matmuls do: when
+    # decode had its own 4 rounds after prefill's, a stretch over them inflated every decode figure and the fit
+    # traded prefill's accuracy for it (docs/bench/sim.md, "Calibration")
     prefill_ms: dict[int, list[float]] = {n: [] for n in prefill_lengths}
+    decode_ms: dict[int, list[float]] = {b: [] for b in decode_batches}
+    num_decode_steps = 8
+    sampling = SamplingParams(max_tokens=num_decode_steps + 1, temperature=0.0, ignore_eos=True)
     for _ in range(repeats):
         for n in prefill_lengths:
             counter += 1
@@ -116,11 +122,6 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
             steps = _run_until_idle(engine)
             prefill_ms[n].append(sum(ms for s, ms in steps if s.num_prefill_tokens))
             probe.sample()
-    points += [Point("prefill", n, 0, float(np.min(times))) for n, times in prefill_ms.items()]
-    num_decode_steps = 8
-    sampling = SamplingParams(max_tokens=num_decode_steps + 1, temperature=0.0, ignore_eos=True)
-    decode_ms: dict[int, list[float]] = {b: [] for b in decode_batches}
-    for _ in range(max(1, repeats // 2)):
         for b in decode_batches:
             for _ in range(b):
                 counter += 1
@@ -130,6 +131,7 @@ def measure(model_dir: Path, prefill_lengths=(32, 64, 128, 256, 512, 1024, 2048)
             if decode:
                 decode_ms[b].append(float(np.median(decode)))
             probe.sample()
+    points += [Point("prefill", n, 0, float(np.min(times))) for n, times in prefill_ms.items()]
     points += [Point("decode", b, b * (decode_prompt + num_decode_steps // 2), float(np.min(times)))
                for b, times in decode_ms.items() if times]
     return Measurement(points, probe.device(calibrate_cpu(num_bytes=16 * 2**20, repeats=1)))

@@ -14,8 +14,9 @@ def model_dir(tmp_path_factory):
 
 
 def test_cost_model_predicts_held_out_engine_steps(model_dir):
-    # 9 rounds (decode: 4): each size's fastest is a quiet one even when other jobs load both cores for stretches
-    # (with 5, one run in a loaded suite missed the prefill bound: docs/bench/sim.md, "Calibration")
+    # 9 rounds, each over both phases' sizes: each size's fastest is a quiet one even when other jobs load both
+    # cores for stretches (with 5, or with decode's rounds after prefill's, runs missed the prefill bound:
+    # docs/bench/sim.md, "Calibration")
     measured = measure(model_dir, prefill_lengths=(32, 64, 128, 256, 512, 1024), decode_batches=(1, 2, 4, 8, 16, 32),
                        repeats=9)
     assert {p.kind for p in measured.points} == {"prefill", "decode"}
