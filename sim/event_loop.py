@@ -7,11 +7,13 @@ arrives has freed its slot before the request is dispatched)."""
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .costmodel import StepCost
 from .device_effects import DeviceEffects, StepEffects
+from .device_ledger import DeviceLedger
 from .executor import Executor, SimInstance, score_decode_tokens
 from .requests import RequestTable
 
@@ -54,7 +56,7 @@ class Sim:
     `assign`; executors call the hooks below."""
 
     def __init__(self, table: RequestTable, num_devices: int, hbm_bytes_per_device: float,
-                 link_bytes_per_s: float, effects: DeviceEffects | None = None):
+                 link_bytes_per_s: float, effects: DeviceEffects | None = None, horizon_s: float = math.inf):
         if num_devices < 1:
             raise ValueError("num_devices must be >= 1")
         self.table = table
@@ -69,6 +71,7 @@ class Sim:
         self.instances_by_app: dict[int, list[SimInstance]] = {}
         self.executor_of_device: dict[int, Executor] = {}
         self.devices_log = DeviceLog()
+        self.ledger = DeviceLedger(horizon_s)  # device time by kind of instance, over the span devices_log is charged
         self.decode_target: dict[int, SimInstance] = {}  # request -> its decode instance (P/D)
         self.num_events = 0
         self.num_done = 0  # requests finished or failed
@@ -201,6 +204,7 @@ class Sim:
         inst = SimInstance(instance_id, app, role, pool, cost, self.table, worker_id=f"w{device_ids[0]}")
         inst.created_s = now_s
         inst.ready_at_s = now_s + load_s
+        self.ledger.changing(executor, now_s)
         executor.add(inst)
         self.instances[inst.instance_id] = inst
         self.instances_by_app.setdefault(app, []).append(inst)
@@ -240,10 +244,12 @@ class Sim:
         executor = inst.executor
         if executor is None:
             return
+        self.ledger.changing(executor, now_s)
         executor.remove(inst)
         del self.instances[inst.instance_id]
         self.instances_by_app[inst.app].remove(inst)
         if not executor.instances:
+            self.ledger.emptied(executor)
             for d in executor.device_ids:
                 del self.executor_of_device[d]
         self.devices_log.record(now_s, len(self.executor_of_device))

@@ -126,6 +126,25 @@ def app_reports(app_names, models, num_requests, per_app_attainment, rejections)
     return reports
 
 
+@dataclass(frozen=True)
+class KindHours:
+    """The device-hours one kind of instance held: an app's instances of one role in one pool."""
+
+    app: str  # "" for the devices a system reserved with no instance on them (role "reserved")
+    model: str
+    role: str
+    pool: str
+    device_hours: float
+
+
+def device_hours_by_kind(seconds_by_kind: dict, app_names, models) -> list[KindHours]:
+    """`seconds_by_kind` ((app, role, pool) -> device-seconds, sim.device_ledger) with the apps' names and models,
+    the largest first. App -1 is a system's reserve (device_ledger.RESERVED)."""
+    rows = [KindHours(app_names[app] if app >= 0 else "", models[app] if app >= 0 else "", role, pool, seconds / 3600)
+            for (app, role, pool), seconds in seconds_by_kind.items()]
+    return sorted(rows, key=lambda k: (-k.device_hours, k.app, k.role, k.pool))
+
+
 def worst_apps(reports: list[AppReport], count: int = 10) -> list[AppReport]:
     """The `count` apps with the lowest token attainment (apps without requests left out)."""
     ranked = sorted((r for r in reports if r.num_requests > 0), key=lambda r: r.token_attainment)
@@ -144,7 +163,7 @@ def summarise(trace, out: Outcomes, ttft_slo_s, tpot_slo_s, device_time_s=None, 
     counts = np.bincount(apps, minlength=trace.num_apps)
     eligible = np.where(counts >= min_app_requests, per_app, np.nan)
     worst = int(np.nanargmin(eligible)) if np.isfinite(eligible).any() else 0
-    span_s = max(trace.duration_s, 1e-9)
+    span_s = trace_span_s(trace)
     device_hours, mean_devices = 0.0, 0.0
     if device_time_s is not None and len(device_time_s):
         device_hours = integrate_steps(device_time_s, device_counts, 0.0, span_s) / 3600.0
@@ -162,6 +181,11 @@ def summarise(trace, out: Outcomes, ttft_slo_s, tpot_slo_s, device_time_s=None, 
         device_hours=device_hours,
         mean_active_devices=mean_devices,
     )
+
+
+def trace_span_s(trace) -> float:
+    """The span device-hours are charged over: the trace's duration (a run's tail finishing requests is not)."""
+    return max(trace.duration_s, 1e-9)
 
 
 def integrate_steps(times_s, values, start_s: float, end_s: float) -> float:

@@ -35,6 +35,7 @@ def headline_rows(results: list[SystemResult], baseline: str = "static") -> list
             "wall_s": r.wall_s,
             "cpu_s": r.cpu_s,
             "worst_apps": [asdict(a) for a in worst_apps(r.apps)],
+            "device_hours_by_kind": [asdict(k) for k in r.kinds],
         })
     return rows
 
@@ -64,9 +65,44 @@ def print_tables(results: list[SystemResult], console=None) -> None:
         for r in sorted(present, key=lambda r: ABLATION.index(r.system)):
             ab.add_row(names[r.system], f"{100 * r.summary.token_attainment:.1f} %", f"{r.summary.device_hours:.1f}")
         console.print(ab)
+    if any(r.kinds for r in results):
+        console.print(kinds_table(results))
     focus = next((r for r in results if r.system == "janus"), results[0] if results else None)
     if focus is not None and focus.apps:
         console.print(worst_apps_table(focus))
+
+
+def device_hours_by_model_role(result: SystemResult) -> dict[tuple[str, str], float]:
+    """A system's device-hours summed over apps and pools, per (model, role)."""
+    out: dict[tuple[str, str], float] = {}
+    for k in result.kinds:
+        out[(k.model, k.role)] = out.get((k.model, k.role), 0.0) + k.device_hours
+    return out
+
+
+def kinds_table(results: list[SystemResult], min_share: float = 0.01):
+    """Where each system's device-hours went, by model and role (apps and pools summed; summary.json keeps each
+    app's): the rows any system spent at least `min_share` of the largest system's device-hours on, the rest as
+    one row."""
+    from rich.table import Table
+
+    by_system = [device_hours_by_model_role(r) for r in results]
+    keys = sorted({key for hours in by_system for key in hours},
+                  key=lambda key: (-max(h.get(key, 0.0) for h in by_system), key))
+    floor = min_share * max((sum(h.values()) for h in by_system), default=0.0)
+    shown = [key for key in keys if max(h.get(key, 0.0) for h in by_system) >= floor]
+    table = Table(title="where the device-hours went, by model and role")
+    table.add_column("model")
+    table.add_column("role")
+    for r in results:
+        table.add_column(r.system, justify="right")
+    for key in shown:
+        table.add_row(key[0] or "-", key[1], *(f"{h.get(key, 0.0):.1f}" for h in by_system))
+    rest = [sum(v for key, v in h.items() if key not in shown) for h in by_system]
+    if any(rest):
+        table.add_row("others", "", *(f"{v:.1f}" for v in rest))
+    table.add_row("total", "", *(f"{sum(h.values()):.1f}" for h in by_system))
+    return table
 
 
 def worst_apps_table(result: SystemResult, count: int = 8):

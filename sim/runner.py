@@ -159,6 +159,7 @@ class SystemResult:
     device_counts: list = field(default_factory=list)
     apps: list = field(default_factory=list)  # per app: AppReport (the worst-apps table)
     extra: dict = field(default_factory=dict)  # what an experiment's `extra` hook took from the run (run_one)
+    kinds: list = field(default_factory=list)  # KindHours, the largest first: where the device-hours went
 
 
 def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
@@ -167,7 +168,7 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     """One system on `spec`'s scenario. `extra(scenario, run_result) -> dict`, a module-level function (it crosses
     to the worker process): what an experiment needs beyond the summary (say, one app's attainment per second),
     computed where the outcomes are and returned in `SystemResult.extra`."""
-    from .metrics import app_reports, per_app_token_attainment
+    from .metrics import app_reports, device_hours_by_kind, per_app_token_attainment
 
     scenario = spec.build()
     control = _systems(spec.policy, spec.oracle_cache_dir, spec.oracle, spec.refit_wall_s)[system]()
@@ -183,7 +184,8 @@ def run_one(spec: ScenarioSpec, system: str, bin_s: float = 10.0,
     apps = app_reports(trace.app_names, models, trace.requests_per_app(), per_app, result.rejections)
     return SystemResult(system, result.summary, series, per_app, result.wall_s, cpu_s, result.counters,
                         list(result.devices.time_s), list(result.devices.count), apps,
-                        extra(scenario, result) if extra is not None else {})
+                        extra(scenario, result) if extra is not None else {},
+                        device_hours_by_kind(result.device_seconds_by_kind, trace.app_names, models))
 
 
 def _worker(args):

@@ -12,9 +12,10 @@ from contracts import ModelLoadWindow
 from dispatcher.core import Algorithm, DispatchPolicy, OverloadPolicy
 
 from ..dispatch import CoreDispatch
+from ..device_ledger import RESERVED
 from ..event_loop import DeviceLog, Sim
 from ..executor import SimInstance
-from ..metrics import Outcomes, Summary, summarise
+from ..metrics import Outcomes, Summary, summarise, trace_span_s
 from ..requests import RequestTable
 from ..scenario import Scenario
 
@@ -36,6 +37,9 @@ class RunResult:
     num_events: int
     counters: dict = field(default_factory=dict)
     rejections: list = field(default_factory=list)  # (time s, app, error code), in order
+    # device-seconds per (app, role, pool) over the trace's span (sim.device_ledger); a system charged for devices
+    # it reserved without an instance on them (static) has its reserve under RESERVED
+    device_seconds_by_kind: dict = field(default_factory=dict)
 
 
 class ControlPlane:
@@ -70,7 +74,8 @@ class SystemRun:
         self.table = RequestTable(trace, scenario.ttft_slo_s, scenario.tpot_slo_s)
         dev = scenario.device
         usable_hbm = dev.hbm_bytes * scenario.efficiency.memory_utilization
-        self.sim = Sim(self.table, scenario.num_devices, usable_hbm, dev.d2d_bytes_per_s, scenario.effects)
+        self.sim = Sim(self.table, scenario.num_devices, usable_hbm, dev.d2d_bytes_per_s, scenario.effects,
+                       horizon_s=trace_span_s(trace))
         self.costs = [scenario.cost(a) for a in range(trace.num_apps)]
         policy = dispatch_policy or control.dispatch_policy()
         if not control.uses_load_windows:
@@ -162,8 +167,12 @@ class SystemRun:
         summary = summarise(self.scenario.trace, out, self.scenario.ttft_slo_s[self.scenario.trace.app_ids],
                             self.scenario.tpot_slo_s[self.scenario.trace.app_ids], log.time_s, log.count)
         counters = dict(self.counters, rejected=self.dispatch.num_rejected, events=self.sim.num_events)
+        by_kind = self.sim.ledger.seconds_by_kind(trace_span_s(self.scenario.trace))
+        reserved_s = summary.device_hours * 3600.0 - sum(by_kind.values())
+        if reserved_s > 1e-6 * max(1.0, summary.device_hours * 3600.0):
+            by_kind[RESERVED] = reserved_s
         return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters,
-                         self.dispatch.rejections)
+                         self.dispatch.rejections, by_kind)
 
 
 def initial_features(scenario: Scenario, window_s: float = 30.0):

@@ -1,0 +1,92 @@
+"""Device-hours taken apart by kind of instance (sim.device_ledger): shares of a shared device, tensor-parallel
+groups, the trace's span, and a system's reserve; the kinds add up to the headline's device-hours."""
+import numpy as np
+import pytest
+
+from oracle.roofline import RooflineModel
+from oracle.specs import device, model_shape
+from sim.costmodel import StepCost
+from sim.device_ledger import RESERVED, DeviceLedger
+from sim.event_loop import Sim
+from sim.metrics import device_hours_by_kind, integrate_steps
+from sim.report import device_hours_by_model_role, kinds_table
+from sim.requests import RequestTable
+from sim.runner import SystemResult
+from sim.scenario import build_scenario
+from sim.systems.baselines import PrismLike
+from sim.systems.base import SystemRun
+from sim.systems.static import StaticPartition
+from sim.trace import Trace
+
+DEV = device("nvidia-h200")
+SMALL = StepCost(RooflineModel(DEV, model_shape("qwen2-0.5b"), 1))
+TP2 = StepCost(RooflineModel(DEV, model_shape("qwen2-7b"), 2))
+
+
+def _sim(horizon_s: float) -> Sim:
+    trace = Trace.build([0.0], [0], [10], [2], ("a", "b"))
+    return Sim(RequestTable(trace, [1.0, 1.0], [0.1, 0.1]), 4, DEV.hbm_bytes * 0.9, DEV.d2d_bytes_per_s,
+               horizon_s=horizon_s)
+
+
+def test_a_shared_device_is_split_among_its_instances_and_a_group_charges_each_device():
+    sim = _sim(horizon_s=100.0)
+    sim.launch(0, "colocated", "steady", (0,), SMALL, 0.0, now_s=0.0)
+    b = sim.launch(1, "colocated", "steady", (0,), SMALL, 0.0, now_s=10.0)  # shares device 0 from 10 s
+    sim.launch(0, "decode", "elastic", (2, 3), TP2, 0.0, now_s=20.0)  # two devices from 20 s
+    sim.drain(b, now_s=40.0)  # idle: leaves at once, device 0 is app 0's alone again
+    seconds = sim.ledger.seconds_by_kind(150.0)  # the books close at the horizon, not past it
+    assert seconds == pytest.approx({(0, "colocated", "steady"): 10 + 30 / 2 + 60, (1, "colocated", "steady"): 15,
+                                     (0, "decode", "elastic"): 2 * 80})
+    log = sim.devices_log
+    assert sum(seconds.values()) == pytest.approx(integrate_steps(log.time_s, log.count, 0.0, 100.0))
+
+
+def test_an_emptied_group_stops_charging_and_a_new_one_on_its_devices_starts_afresh():
+    sim = _sim(horizon_s=1e9)
+    first = sim.launch(0, "prefill", "elastic", (2, 3), TP2, 0.0, now_s=0.0)
+    sim.drain(first, now_s=5.0)
+    sim.launch(1, "prefill", "elastic", (2, 3), TP2, 0.0, now_s=50.0)  # the same devices, idle for 45 s between
+    assert sim.ledger.seconds_by_kind(60.0) == pytest.approx({(0, "prefill", "elastic"): 10.0,
+                                                               (1, "prefill", "elastic"): 20.0})
+
+
+def test_the_ledger_refuses_a_horizon_that_charges_nothing():
+    with pytest.raises(ValueError, match="horizon_s"):
+        DeviceLedger(0.0)
+
+
+def _scenario(num_devices: int):
+    arrivals = np.arange(0, 20, 2.0)
+    n = len(arrivals)
+    trace = Trace.build(arrivals, [0] * n, [500] * n, [50] * n, ("solo",))
+    return build_scenario(trace, device_name="nvidia-h200", num_devices=num_devices, tiers=((1.0, ("qwen2-7b",)),))
+
+
+@pytest.mark.parametrize("control", [StaticPartition, PrismLike])
+def test_a_runs_kinds_add_up_to_its_device_hours_with_a_reserve_named(control):
+    result = SystemRun(_scenario(num_devices=3), control()).run()
+    hours = device_hours_by_kind(result.device_seconds_by_kind, ("solo",), ("qwen2-7b tp1",))
+    assert sum(k.device_hours for k in hours) == pytest.approx(result.summary.device_hours)
+    instances = [k for k in hours if k.role != "reserved"]
+    assert instances and all(k.app == "solo" and k.model == "qwen2-7b tp1" for k in instances)
+    reserved = result.device_seconds_by_kind.get(RESERVED, 0.0) / 3600
+    held = sum(k.device_hours for k in instances)
+    # prism-like is charged for the whole fleet whatever it places; what it leaves empty is its reserve
+    assert reserved == pytest.approx(result.summary.device_hours - held)
+    assert (reserved > 0) == (held < result.summary.device_hours * (1 - 1e-6))
+
+
+def test_the_kinds_table_sums_apps_per_model_and_role_for_each_system():
+    from rich.console import Console
+
+    result = SystemRun(_scenario(num_devices=2), StaticPartition()).run()
+    kinds = device_hours_by_kind({(0, "prefill", "elastic"): 3600.0, (1, "prefill", "steady"): 1800.0,
+                                  (1, "decode", "elastic"): 7200.0}, ("x", "y"), ("m tp1", "m tp1"))
+    row = SystemResult("s", result.summary, None, np.zeros(1), 0.0, 0.0, kinds=kinds)
+    assert device_hours_by_model_role(row) == {("m tp1", "prefill"): 1.5, ("m tp1", "decode"): 2.0}
+    assert [k.device_hours for k in kinds] == [2.0, 1.0, 0.5]  # the largest first
+    console = Console(width=120, record=True)
+    console.print(kinds_table([row]))
+    text = console.export_text()
+    assert "decode" in text and "2.0" in text and "1.5" in text and "3.5" in text  # the total
