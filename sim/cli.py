@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
     p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")
     p.add_argument("--out", default="artifacts/sim", help="folder for summary.json and figure.png")
+    p.add_argument("--compare", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="simulate nothing: compare the runs written under these --out folders (headline figures, "
+                   "where their device-hours went by model and role, the apps that moved most)")
     e = p.add_argument_group("experiments (issue 24, sim/experiments/ablation.py, docs/sim.md)")
     e.add_argument("--experiment", choices=["headline", "ablation", "budget-sweep"], default="headline",
                    help="ablation: five apps, a load shock, both pools vs one; budget-sweep: --budgets")
@@ -78,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     from .report import print_tables, write_outputs
 
     args = build_parser().parse_args(argv)
+    if args.compare:
+        from .report import compare_runs
+
+        try:
+            compare_runs(args.compare, Console() if Console().is_terminal else Console(width=170))
+        except ValueError as e:
+            build_parser().error(str(e))
+        return 0
     policy = run_policy(args.config)
     if args.experiment != "headline":
         from .experiments.ablation import main as experiment

@@ -66,43 +66,95 @@ def print_tables(results: list[SystemResult], console=None) -> None:
             ab.add_row(names[r.system], f"{100 * r.summary.token_attainment:.1f} %", f"{r.summary.device_hours:.1f}")
         console.print(ab)
     if any(r.kinds for r in results):
-        console.print(kinds_table(results))
+        console.print(kinds_table([(r.system, r.kinds) for r in results]))
     focus = next((r for r in results if r.system == "janus"), results[0] if results else None)
     if focus is not None and focus.apps:
         console.print(worst_apps_table(focus))
 
 
-def device_hours_by_model_role(result: SystemResult) -> dict[tuple[str, str], float]:
-    """A system's device-hours summed over apps and pools, per (model, role)."""
-    out: dict[tuple[str, str], float] = {}
-    for k in result.kinds:
-        out[(k.model, k.role)] = out.get((k.model, k.role), 0.0) + k.device_hours
+def device_hours_by(kinds, key=lambda k: (k.model, k.role)) -> dict[tuple, float]:
+    """Device-hours summed per `key` of each KindHours (by default model and role: apps and pools summed)."""
+    out: dict[tuple, float] = {}
+    for k in kinds:
+        out[key(k)] = out.get(key(k), 0.0) + k.device_hours
     return out
 
 
-def kinds_table(results: list[SystemResult], min_share: float = 0.01):
-    """Where each system's device-hours went, by model and role (apps and pools summed; summary.json keeps each
-    app's): the rows any system spent at least `min_share` of the largest system's device-hours on, the rest as
-    one row."""
+def kinds_table(columns: list[tuple[str, list]], min_share: float = 0.01, key=lambda k: (k.model, k.role),
+                key_names: tuple[str, ...] = ("model", "role"), title: str = "where the device-hours went, by "
+                "model and role", is_diffed: bool = False):
+    """Where each column's device-hours went (columns: (name, KindHours list), a system each), by `key`: the rows
+    any column spent at least `min_share` of the largest column's device-hours on, the largest first, the rest as
+    one row. `is_diffed`: a last column, the last column's hours less the first's."""
     from rich.table import Table
 
-    by_system = [device_hours_by_model_role(r) for r in results]
-    keys = sorted({key for hours in by_system for key in hours},
-                  key=lambda key: (-max(h.get(key, 0.0) for h in by_system), key))
-    floor = min_share * max((sum(h.values()) for h in by_system), default=0.0)
-    shown = [key for key in keys if max(h.get(key, 0.0) for h in by_system) >= floor]
-    table = Table(title="where the device-hours went, by model and role")
-    table.add_column("model")
-    table.add_column("role")
-    for r in results:
-        table.add_column(r.system, justify="right")
-    for key in shown:
-        table.add_row(key[0] or "-", key[1], *(f"{h.get(key, 0.0):.1f}" for h in by_system))
-    rest = [sum(v for key, v in h.items() if key not in shown) for h in by_system]
+    hours = [device_hours_by(kinds, key) for _, kinds in columns]
+    keys = sorted({k for h in hours for k in h}, key=lambda k: (-max(h.get(k, 0.0) for h in hours), k))
+    floor = min_share * max((sum(h.values()) for h in hours), default=0.0)
+    shown = [k for k in keys if max(h.get(k, 0.0) for h in hours) >= floor]
+    is_diffed = is_diffed and len(columns) > 1
+    digits = 1 if floor >= 0.1 else 3  # a short run's hundredths of a device-hour still tell the kinds apart
+    table = Table(title=title)
+    for name in key_names:
+        table.add_column(name)
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    if is_diffed:
+        table.add_column("last - first", justify="right")
+
+    def row(label: tuple, values: list[float]) -> None:
+        diff = [f"{values[-1] - values[0]:+.{digits}f}"] if is_diffed else []
+        table.add_row(*label, *(f"{v:.{digits}f}" for v in values), *diff)
+
+    for k in shown:
+        row(tuple(part or "-" for part in k), [h.get(k, 0.0) for h in hours])
+    rest = [sum(v for k, v in h.items() if k not in shown) for h in hours]
+    blank = ("",) * (len(key_names) - 1)
     if any(rest):
-        table.add_row("others", "", *(f"{v:.1f}" for v in rest))
-    table.add_row("total", "", *(f"{sum(h.values()):.1f}" for h in by_system))
+        row(("others", *blank), rest)
+    row(("total", *blank), [sum(h.values()) for h in hours])
     return table
+
+
+def compare_runs(out_dirs: list[Path], console, num_apps: int = 10) -> None:
+    """`janus sim --compare DIR...`: the headline figures of the runs written under `out_dirs` (each a `janus sim
+    --out` folder), one column per system of each, then where their device-hours went by model and role, then the
+    `num_apps` (app, role) rows whose device-hours differ most between the first column and the last."""
+    from rich.table import Table
+
+    from .metrics import KindHours
+
+    columns, rows = [], []
+    for out_dir in out_dirs:
+        path = Path(out_dir) / "summary.json"
+        if not path.is_file():
+            raise ValueError(f"no summary.json in {out_dir} (a folder `janus sim --out` wrote)")
+        for row in json.loads(path.read_text())["systems"]:
+            if "device_hours_by_kind" not in row:
+                raise ValueError(f"{path}: {row['system']} has no device_hours_by_kind (written before runs took "
+                                 "their device-hours apart; run it again)")
+            columns.append((f"{Path(out_dir).name}:{row['system']}",
+                            [KindHours(**k) for k in row["device_hours_by_kind"]]))
+            rows.append(row)
+    head = Table(title="the runs compared")
+    for col in ("run:system", "token att.", "device-h", "worst app (att.)", "failed"):
+        head.add_column(col, justify="left" if col in ("run:system", "worst app (att.)") else "right")
+    for (name, _), row in zip(columns, rows):
+        head.add_row(name, f"{row['token_attainment']:.4f}", f"{row['device_hours']:.1f}",
+                     f"{row['worst_app']} ({row['worst_app_attainment']:.3f})", f"{row['num_failed']:,}")
+    console.print(head)
+    console.print(kinds_table(columns, is_diffed=True))
+    if len(columns) > 1:
+        by_app = [device_hours_by(kinds, lambda k: (k.app, k.model, k.role)) for _, kinds in columns]
+        moved = sorted({k for h in by_app for k in h}, key=lambda k: -abs(by_app[-1].get(k, 0.0)
+                                                                          - by_app[0].get(k, 0.0)))[:num_apps]
+        apps = Table(title=f"the {num_apps} (app, role) rows that moved most, first column to last")
+        for col in ("app", "model", "role", columns[0][0], columns[-1][0], "last - first"):
+            apps.add_column(col, justify="left" if col in ("app", "model", "role") else "right")
+        for k in moved:
+            first, last = by_app[0].get(k, 0.0), by_app[-1].get(k, 0.0)
+            apps.add_row(k[0] or "-", k[1] or "-", k[2], f"{first:.1f}", f"{last:.1f}", f"{last - first:+.1f}")
+        console.print(apps)
 
 
 def worst_apps_table(result: SystemResult, count: int = 8):

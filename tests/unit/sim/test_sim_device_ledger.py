@@ -1,5 +1,7 @@
 """Device-hours taken apart by kind of instance (sim.device_ledger): shares of a shared device, tensor-parallel
 groups, the trace's span, and a system's reserve; the kinds add up to the headline's device-hours."""
+import json
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from sim.costmodel import StepCost
 from sim.device_ledger import RESERVED, DeviceLedger
 from sim.event_loop import Sim
 from sim.metrics import device_hours_by_kind, integrate_steps
-from sim.report import device_hours_by_model_role, kinds_table
+from sim.report import compare_runs, device_hours_by, headline_rows, kinds_table
 from sim.requests import RequestTable
 from sim.runner import SystemResult
 from sim.scenario import build_scenario
@@ -83,10 +85,50 @@ def test_the_kinds_table_sums_apps_per_model_and_role_for_each_system():
     result = SystemRun(_scenario(num_devices=2), StaticPartition()).run()
     kinds = device_hours_by_kind({(0, "prefill", "elastic"): 3600.0, (1, "prefill", "steady"): 1800.0,
                                   (1, "decode", "elastic"): 7200.0}, ("x", "y"), ("m tp1", "m tp1"))
-    row = SystemResult("s", result.summary, None, np.zeros(1), 0.0, 0.0, kinds=kinds)
-    assert device_hours_by_model_role(row) == {("m tp1", "prefill"): 1.5, ("m tp1", "decode"): 2.0}
+    assert device_hours_by(kinds) == {("m tp1", "prefill"): 1.5, ("m tp1", "decode"): 2.0}
     assert [k.device_hours for k in kinds] == [2.0, 1.0, 0.5]  # the largest first
     console = Console(width=120, record=True)
-    console.print(kinds_table([row]))
+    console.print(kinds_table([("s", kinds)]))
     text = console.export_text()
     assert "decode" in text and "2.0" in text and "1.5" in text and "3.5" in text  # the total
+
+
+def _write_run(out_dir, name, seconds_by_kind, summary):
+    kinds = device_hours_by_kind(seconds_by_kind, ("x", "y"), ("m tp1", "m tp1"))
+    row = SystemResult(name, summary, None, np.zeros(2), 0.0, 0.0, kinds=kinds)
+    out_dir.mkdir()
+    (out_dir / "summary.json").write_text(json.dumps({"meta": {}, "systems": headline_rows([row])}))
+
+
+def test_compare_reads_two_runs_and_names_the_app_that_moved(tmp_path):
+    from rich.console import Console
+
+    summary = SystemRun(_scenario(num_devices=2), StaticPartition()).run().summary
+    _write_run(tmp_path / "a", "janus", {(0, "decode", "elastic"): 7200.0, (1, "prefill", "elastic"): 3600.0},
+               summary)
+    _write_run(tmp_path / "b", "janus", {(0, "decode", "elastic"): 7200.0, (1, "prefill", "elastic"): 18000.0},
+               summary)
+    console = Console(width=160, record=True)
+    compare_runs([tmp_path / "a", tmp_path / "b"], console)
+    text = console.export_text()
+    assert "a:janus" in text and "b:janus" in text
+    moved = text[text.index("moved most"):].splitlines()
+    first_row = next(line for line in moved if "y" in line.split())  # app y's prefill: 1.0 -> 5.0, the most moved
+    assert "prefill" in first_row and "+4.0" in first_row
+
+
+def test_compare_names_a_folder_without_a_run_and_a_run_without_kinds(tmp_path):
+    with pytest.raises(ValueError, match="no summary.json in"):
+        compare_runs([tmp_path], None)
+    (tmp_path / "summary.json").write_text(json.dumps({"systems": [{"system": "janus"}]}))
+    with pytest.raises(ValueError, match="janus has no device_hours_by_kind"):
+        compare_runs([tmp_path], None)
+
+
+def test_janus_sim_compare_reports_a_missing_folder_as_a_usage_error(tmp_path, capsys):
+    from sim.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--compare", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2
+    assert "no summary.json in" in capsys.readouterr().err
