@@ -11,7 +11,8 @@ import math
 from collections import defaultdict
 
 Kind = tuple[int, str, str]  # (app, role, pool)
-RESERVED: Kind = (-1, "reserved", "")  # devices a system is charged for with no instance on them (static's reserve)
+# devices a system is charged for with no instance on them (Prism-like's fixed pool)
+RESERVED: Kind = (-1, "reserved", "")
 
 
 class DeviceLedger:

@@ -17,7 +17,7 @@
 - The replica counts: the device plan's (1, 2, 4, 8), and for a kind whose busiest first-minute window the
   datasheet's roofline sizes past 4 instances, powers of two up to twice that, at most the oracle's
   `profile_max_replicas` (32; the oracle's profiling plan, `oracle.profile.run.widened_replicas`; past the grid the
-  GP follows its prior mean, or with `OraclePolicy.past_trained_replicas: pooled` answers from the largest count).
+  oracle answers from the largest count at the same load per replica, `OraclePolicy.past_trained_replicas`).
 - The GPs (`oracle.gp.train`) are fitted on the training sets and installed for every app of the group.
 
 Profiles are cached under `cache_dir` by what they depend on (device, shape, tp, SLOs, mixes, plan, effects), so a

@@ -38,7 +38,7 @@ class RunResult:
     counters: dict = field(default_factory=dict)
     rejections: list = field(default_factory=list)  # (time s, app, error code), in order
     # device-seconds per (app, role, pool) over the trace's span (sim.device_ledger); a system charged for devices
-    # it reserved without an instance on them (static) has its reserve under RESERVED
+    # it reserved without an instance on them (Prism-like's fixed pool) has its reserve under RESERVED
     device_seconds_by_kind: dict = field(default_factory=dict)
 
 
