@@ -116,10 +116,10 @@ def kinds_table(columns: list[tuple[str, list]], min_share: float = 0.01, key=la
     return table
 
 
-def compare_runs(out_dirs: list[Path], console, num_apps: int = 10) -> None:
+def compare_runs(out_dirs: list[Path], console, num_rows: int = 10) -> None:
     """`janus sim --compare DIR...`: the headline figures of the runs written under `out_dirs` (each a `janus sim
     --out` folder), one column per system of each, then where their device-hours went by model and role, then the
-    `num_apps` (app, role) rows whose device-hours differ most between the first column and the last."""
+    `num_rows` (app, role) rows whose device-hours differ most between the first column and the last."""
     from rich.table import Table
 
     from .metrics import KindHours
@@ -146,9 +146,9 @@ def compare_runs(out_dirs: list[Path], console, num_apps: int = 10) -> None:
     console.print(kinds_table(columns, is_diffed=True))
     if len(columns) > 1:
         by_app = [device_hours_by(kinds, lambda k: (k.app, k.model, k.role)) for _, kinds in columns]
-        moved = sorted({k for h in by_app for k in h}, key=lambda k: -abs(by_app[-1].get(k, 0.0)
-                                                                          - by_app[0].get(k, 0.0)))[:num_apps]
-        apps = Table(title=f"the {num_apps} (app, role) rows that moved most, first column to last")
+        moved = sorted({k for h in by_app for k in h},
+                       key=lambda k: (-abs(by_app[-1].get(k, 0.0) - by_app[0].get(k, 0.0)), k))[:num_rows]
+        apps = Table(title=f"the {num_rows} (app, role) rows that moved most, first column to last")
         for col in ("app", "model", "role", columns[0][0], columns[-1][0], "last - first"):
             apps.add_column(col, justify="left" if col in ("app", "model", "role") else "right")
         for k in moved:
