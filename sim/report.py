@@ -80,23 +80,21 @@ def device_hours_by(kinds, key=lambda k: (k.model, k.role)) -> dict[tuple, float
     return out
 
 
-def kinds_table(columns: list[tuple[str, list]], min_share: float = 0.01, key=lambda k: (k.model, k.role),
-                key_names: tuple[str, ...] = ("model", "role"), title: str = "where the device-hours went, by "
-                "model and role", is_diffed: bool = False):
-    """Where each column's device-hours went (columns: (name, KindHours list), a system each), by `key`: the rows
-    any column spent at least `min_share` of the largest column's device-hours on, the largest first, the rest as
-    one row. `is_diffed`: a last column, the last column's hours less the first's."""
+def kinds_table(columns: list[tuple[str, list]], min_share: float = 0.01, is_diffed: bool = False):
+    """Where each column's device-hours went (columns: (name, KindHours list), a system each), by model and role:
+    the rows any column spent at least `min_share` of the largest column's device-hours on, the largest first, the
+    rest as one row. `is_diffed`: a last column, the last column's hours less the first's."""
     from rich.table import Table
 
-    hours = [device_hours_by(kinds, key) for _, kinds in columns]
+    hours = [device_hours_by(kinds) for _, kinds in columns]
     keys = sorted({k for h in hours for k in h}, key=lambda k: (-max(h.get(k, 0.0) for h in hours), k))
     floor = min_share * max((sum(h.values()) for h in hours), default=0.0)
     shown = [k for k in keys if max(h.get(k, 0.0) for h in hours) >= floor]
     is_diffed = is_diffed and len(columns) > 1
     digits = 1 if floor >= 0.1 else 3  # a short run's hundredths of a device-hour still tell the kinds apart
-    table = Table(title=title)
-    for name in key_names:
-        table.add_column(name)
+    table = Table(title="where the device-hours went, by model and role")
+    table.add_column("model")
+    table.add_column("role")
     for name, _ in columns:
         table.add_column(name, justify="right")
     if is_diffed:
@@ -109,10 +107,9 @@ def kinds_table(columns: list[tuple[str, list]], min_share: float = 0.01, key=la
     for k in shown:
         row(tuple(part or "-" for part in k), [h.get(k, 0.0) for h in hours])
     rest = [sum(v for k, v in h.items() if k not in shown) for h in hours]
-    blank = ("",) * (len(key_names) - 1)
     if any(rest):
-        row(("others", *blank), rest)
-    row(("total", *blank), [sum(h.values()) for h in hours])
+        row(("others", ""), rest)
+    row(("total", ""), [sum(h.values()) for h in hours])
     return table
 
 
