@@ -45,6 +45,8 @@ class ElasticScalerService(Elected, Service):
         self.num_failures = 0
         self._ticking = asyncio.Lock()  # one tick at a time: the core is not thread-safe
         self._early: asyncio.Task | None = None
+        self._waking: asyncio.Task | None = None
+        self.num_woken = 0
 
     async def start(self, bus: Bus) -> None:
         await ensure_plans_stream(bus, self.policy.plans_max_age_s, self.cluster.jetstream_replicas)
@@ -59,7 +61,7 @@ class ElasticScalerService(Elected, Service):
         self._task = asyncio.create_task(self._periodic())
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task, self._early, what="elastic scaler")
+        await cancel_and_wait(self._task, self._early, self._waking, what="elastic scaler")
         await self.end_campaign()
 
     async def _on_leadership(self, is_leader: bool) -> None:
@@ -71,7 +73,7 @@ class ElasticScalerService(Elected, Service):
 
     def health_detail(self) -> dict[str, str]:
         detail = {"ticks": str(self.num_ticks), "published": str(self.num_published),
-                  "failures": str(self.num_failures)}
+                  "woken": str(self.num_woken), "failures": str(self.num_failures)}
         if self.last_published is not None:
             detail["last_plan"] = self.last_published.plan_id
             detail["elastic_devices"] = str(self.last_published.num_devices_used)
@@ -79,6 +81,9 @@ class ElasticScalerService(Elected, Service):
 
     async def _on_window(self, window: ModelLoadWindow, env: Envelope) -> None:
         self._windows.append(window)
+        if self.core is not None and self.is_leader() and self.core.is_waking(window) and \
+                (self._waking is None or self._waking.done()):
+            self._waking = asyncio.create_task(self._wake_logged())
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, env: Envelope) -> None:
         self.workers.on_heartbeat(hb, now_ms())
@@ -99,6 +104,37 @@ class ElasticScalerService(Elected, Service):
         except Exception:  # noqa: BLE001 - one bad tick must not stop scaling for good
             self.num_failures += 1
             log.exception("elastic scaler: tick failed")
+
+    async def _wake_logged(self) -> None:
+        try:
+            await self.wake_once()
+        except Exception:  # noqa: BLE001 - a failed wake leaves the model to the next tick
+            self.num_failures += 1
+            log.exception("elastic scaler: wake failed")
+
+    async def wake_once(self) -> ElasticPlan | None:
+        """A dispatcher's window shows requests waiting for a model the last plan gave no instance: the last plan
+        with its first instance, published now rather than at the next tick (ElasticScaler.wake). No oracle call:
+        nothing is sized, so it takes no worker thread."""
+        async with self._ticking:
+            if not self.is_leader() or self.steady_plan is None or self.core is None or self.bus is None:
+                return None
+            now = now_ms()
+            budget = elastic_budget_devices(self.workers.alive(now), self.steady_plan,
+                                            reported(self.workers.heartbeats(now)))
+            windows, self._windows = self._windows, []
+            for w in windows:
+                self.core.observe(w)
+            plan = self.core.wake(now, budget)
+            if plan is None:
+                return None
+            plan = plan.model_copy(update={"epoch": self.leadership.epoch})
+            await publish_event(self.bus, subjects.PLAN_ELASTIC, plan)
+            self.last_published, self._last_published_ms = plan, now
+            self.num_published += 1
+            self.num_woken += 1
+            log.info("elastic plan %s: %s", plan.plan_id, plan.reason)
+            return plan
 
     async def tick_once(self) -> ElasticPlan | None:
         """One tick; returns the plan when it was published. A standby only feeds the load windows to its core (so

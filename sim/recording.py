@@ -215,6 +215,12 @@ class RecordingPlanner:
                           elastic_decision(decision.plan))
         return decision
 
+    def wake(self, now_ms: float, budget_devices: int):
+        plan = self.planner.wake(now_ms, budget_devices)
+        self.recorder.add("elastic", "wake", {"now_ms": now_ms, "budget_devices": budget_devices},
+                          None if plan is None else elastic_decision(plan))
+        return plan
+
 
 class RecordingReconciler:
     """Wraps a planner.core.Reconciler: every input (plans, heartbeats, records, replies, ticks) recorded, and the
@@ -356,6 +362,9 @@ def replay(header: dict, lines: list[dict], prefill_time=None) -> ReplayReport:
                                                in_flight=args.get("in_flight"),
                                                decode_kv={m: DecodeKV(*kv) for m, kv in
                                                           args.get("decode_kv", {}).items()}).plan)
+        elif core == "elastic" and call == "wake":
+            woken = scaler.wake(args["now_ms"], args["budget_devices"])
+            got = None if woken is None else elastic_decision(woken)
         elif core == "reconciler":
             got = _replay_reconciler(reconciler, heartbeats, call, args)
             if got is None:

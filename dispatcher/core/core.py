@@ -62,6 +62,7 @@ class DispatcherCore:
         self._rr_cursor: dict[str, int] = {}
         self._least_load: dict[str, LeastLoadIndex] = {}
         self._waiting_for_instance: dict[str, set[str]] = {}  # model -> ids of jobs queued while it had no instance
+        self._wake_published: set[str] = set()  # models whose window went out at once since they last had one
         self._now_ms = float("-inf")
         self._next_publish_ms: float | None = None
         self._prefixes = PrefixAffinityIndex(policy.prefix_block_size, policy.prefix_blocks_per_instance)
@@ -385,12 +386,21 @@ class DispatcherCore:
                 jobs = [job for job in jobs if job.request.arrival_ms + max_wait_ms <= now]
             for job in jobs:
                 self._dequeue(queue, job)
-            if queue:
-                self._waiting_for_instance[model] = set(queue)
-            return [
+            effects: list[Effect] = [
                 self._reject(now, job, ErrorCode.NO_INSTANCE, f"model {model!r} has no ready instance", True)
                 for job in jobs
             ]
+            if queue:
+                self._waiting_for_instance[model] = set(queue)
+                if self.policy.is_wake_published_at_once and model not in self._wake_published:
+                    # the scaler learns of the wait now, not at the next publication (ElasticScaler.wake)
+                    self._wake_published.add(model)
+                    effects.append(PublishLoad(self._window(model, now).snapshot(now, len(queue),
+                                                                                 self._dispatcher_id)))
+            else:
+                self._wake_published.discard(model)  # nobody waits now: the next request wakes it again
+            return effects
+        self._wake_published.discard(model)
         if self._waiting_for_instance.get(model):
             self._rebase_waiting(now, model, queue)
         if self.policy.algorithm == Algorithm.LST_IMH:

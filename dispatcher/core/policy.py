@@ -120,3 +120,11 @@ class DispatchPolicy(BaseModel):
     window_s: float = Field(default=5.0, gt=0, description="length of the sliding load window the planners read: "
                             "2 s of a bursty model is mostly noise (docs/sim.md)")
     publish_period_ms: float = Field(default=500.0, gt=0, description="how often a load window is published")
+    # A model woken from zero waited up to a publish period for its window, then up to a scaler period for a plan,
+    # before its first instance started loading. Off by default with the scaler's `is_woken_at_once`, which needs
+    # it (docs/planner.md, "Waking a model at once"; docs/bench/sim.md run 55).
+    is_wake_published_at_once: bool = Field(
+        default=False, description="the first request of a model with no ready instance publishes the model's load "
+        "window at once, not at the next publish period: the elastic scaler starts its first instance on it "
+        "(ElasticScaler.wake)"
+    )

@@ -162,6 +162,14 @@ class ElasticPolicy(_Policy):
         default=0.0, ge=0, description="a model whose last idle gaps were all this long or shorter keeps its "
         "instance through as long a gap again plus keepalive_s, up to this (keepalive_s or less: off)"
     )
+    # Off: it lifted the clairvoyant Janus's worst app (seed 2's app-52 0.934 -> 0.964) at the same attainment, but
+    # over the learned Janus's nine runs the goals met went 6 / 7 / 8 -> 8 / 6 / 5 (0.99 / worst app / 5 %): the
+    # 32B kind's peak decode moved with the earlier wakes (docs/bench/sim.md run 55). Needs the dispatcher's
+    # `is_wake_published_at_once` (without it the scaler sees the wait only at the next publication).
+    is_woken_at_once: bool = Field(
+        default=False, description="a model with requests waiting and no instance gets its first instance between "
+        "ticks (ElasticScaler.wake), as soon as a dispatcher's window shows the wait"
+    )
     is_debounced: bool = True
     # 1.0: on the simulator's seed 2, a sparse model woken by a burst sat on one instance for 6.5 s while its
     # proposals flapped 2, 1, 2, 1 (the backlog term moves with each dispatch) and the debounce held 1: its TPOT

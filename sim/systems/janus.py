@@ -137,6 +137,7 @@ class JanusControl(ControlPlane):
         self.elastic_models = list(self.names)
         self.last_elastic = None
         self.last_elastic_sent_s = float("-inf")
+        self._is_wake_due = False
         for app, f in enumerate(initial_features(run.scenario)):
             self.on_load(0.0, window_of(self.names[app], f, 30.0, 0.0))
         # At t = 0 the system has been running: its placement is there and ready. Two agreeing elastic plans get
@@ -201,6 +202,20 @@ class JanusControl(ControlPlane):
         self.scaler.observe(window)
         if self.overflow is not None:
             self.overflow.observe(window)
+        if now_s > 0 and not self._is_wake_due and self.scaler.is_waking(window):
+            self._is_wake_due = True
+            self.run.sim.at(now_s, self._wake)  # after this event: the service's wake task runs next
+
+    def _wake(self, now_s: float) -> None:
+        """The scaler service's `wake_once`: the last plan with a first instance for each model waiting for one."""
+        self._is_wake_due = False
+        budget = elastic_budget_devices(self.fleet.alive_workers(), self.steady_plan, self.fleet.instances())
+        plan = self.scaler.wake(now_s * 1e3, budget)
+        if plan is None:
+            return
+        self.plans.append(plan)
+        self.last_elastic, self.last_elastic_sent_s = plan, now_s
+        self.fleet.apply(self.reconciler.on_elastic_plan(now_s * 1e3, plan), now_s)
 
     # ------------------------------------------------------------------------------------------ slow path
     def _steady_tick(self, now_s: float, trigger: str = "periodic", deliver: bool = True):

@@ -204,6 +204,17 @@ async def start_janus(nats_url: str, config: dict, state_dir: Path, obs: Observe
     return janus
 
 
+async def observed_bus(bus_factory, name: str, oracle: TableOracle) -> tuple:
+    """A bus client named `name`, a fresh PLANS stream, an Observer on it, and `oracle` answering the oracle
+    subjects."""
+    bus = await bus_factory(name)
+    await fresh_plans_stream(bus)
+    obs = Observer()
+    await obs.start(bus, "unused")
+    await serve_oracle(bus, oracle)
+    return bus, obs
+
+
 def planner_knobs(**elastic) -> dict:
     """Planner settings that act within a test's seconds. Every model goes to the elastic pool (any need is
     "large"); the steady planner plans once at start (and every 5 s: nothing changes)."""
@@ -632,11 +643,7 @@ async def test_a_model_that_came_back_after_a_gap_keeps_its_instance_as_long_aga
     model is parked 1 s after its last arrival), a second request: the scaler has seen one gap, so after the second
     request the plans keep the model at one instance well past the plain keep-alive ("keep-alive N s", N the gap
     plus 1 s), and park it only after that."""
-    bus = await bus_factory("gap-keepalive-test")
-    await fresh_plans_stream(bus)
-    obs = Observer()
-    await obs.start(bus, "unused")
-    await serve_oracle(bus, TableOracle(per_replica_tps=1000.0))
+    bus, obs = await observed_bus(bus_factory, "gap-keepalive-test", TableOracle(per_replica_tps=1000.0))
     workers = ["gk-w0"]
     planner = planner_knobs(keepalive_s=KEEPALIVE_S, keepalive_max_s=KEEPALIVE_MAX_S, max_num_replicas=2)
     planner["elastic_republish_s"] = 0.25
@@ -751,4 +758,49 @@ async def test_over_budget_a_creeping_bound_is_served_after_the_others(nats_url,
         if load is not None:
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
+        await janus.stop()
+
+
+# --- 6. waking a model at once -------------------------------------------------------------------------------------
+
+SLOW_PERIOD_S = 5.0  # the scaler's ticks and the dispatcher's windows both this far apart
+
+
+async def test_a_parked_model_is_woken_between_ticks_when_a_request_waits(nats_url, bus_factory, demo_models_dir,
+                                                                          tmp_path):
+    """One worker, the model parked at zero, the scaler ticking and the dispatcher publishing every 5 s. A request
+    waits for an instance: the dispatcher publishes the window at once (`is_wake_published_at_once`), the scaler
+    publishes a plan with the model's first instance without waiting for its tick (`ElasticScaler.wake`, "woken"),
+    the reconciler starts it, and the request completes. Without the two rules the plan would come at the next
+    publication and tick, up to 10 s after the request."""
+    _, obs = await observed_bus(bus_factory, "wake-test", TableOracle(per_replica_tps=1000.0))
+    workers = ["wake-w0"]
+    planner = planner_knobs(keepalive_s=0.0, max_num_replicas=1, is_woken_at_once=True)
+    planner["elastic"]["period_s"] = SLOW_PERIOD_S
+    config = cluster_config(demo_models_dir, workers, planner,
+                            dispatcher={"window_s": WINDOW_S, "publish_period_ms": SLOW_PERIOD_S * 1000.0,
+                                        "is_wake_published_at_once": True})
+    janus = await start_janus(nats_url, config, tmp_path, obs, worker_ids=workers,
+                              planners=("steady-planner", "elastic-scaler", "reconciler"))
+    try:
+        await wait_for(lambda: any(count_of(p) == 0 and target_of(p) is not None and p.budget_devices == 1
+                                   for p in obs.elastic_plans), timeout_s=40,
+                       what="an elastic plan that parks the model", tasks=janus.tasks)
+        # right after a tick, so that the next one is a whole period away
+        ticks = len(obs.elastic_plans)
+        await wait_for(lambda: len(obs.elastic_plans) > ticks, timeout_s=15, what="the next tick",
+                       tasks=janus.tasks)
+        sent_ms = now_ms()
+        async with httpx.AsyncClient(base_url=janus["gateway"].url, timeout=60.0) as client:
+            result = await asyncio.wait_for(_completion(client, max_tokens=4), 60)
+        assert result["status"] == 200 and result["done"] and not result["errors"], result
+        woken = next((p for p in obs.elastic_plans if p.created_unix_ms >= sent_ms and count_of(p) == 1), None)
+        assert woken is not None and target_of(woken).reason.startswith("woken"), \
+            [(p.plan_id, count_of(p), target_of(p).reason) for p in obs.elastic_plans if p.created_unix_ms >= sent_ms]
+        assert "woken at once" in woken.reason
+        # one-sided: well inside the period the plan would otherwise have waited for
+        assert woken.created_unix_ms - sent_ms < SLOW_PERIOD_S * 1000.0 / 2, woken.created_unix_ms - sent_ms
+        assert any(w.queue_depth >= 1 and w.end_unix_ms >= sent_ms for w in obs.windows), "the window went out"
+        assert janus["elastic-scaler"].health_detail()["woken"] == "1"
+    finally:
         await janus.stop()

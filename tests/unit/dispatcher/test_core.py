@@ -9,6 +9,7 @@ from dispatcher.core import (
     DispatchPolicy,
     DispatcherCore,
     OverloadPolicy,
+    PublishLoad,
     Relaxed,
     Requeued,
     ThroughputPrefillModel,
@@ -19,6 +20,7 @@ from .helpers import TOKENS_PER_S, assigns, heartbeat, placed, record, rejects, 
 
 def make_core(**knobs) -> DispatcherCore:
     knobs.setdefault("publish_period_ms", 60_000.0)  # load windows out of the way of the wakeups under test
+    knobs.setdefault("is_wake_published_at_once", False)  # that window has its own tests below
     # the paper's overload rule (reject at once) unless a test asks for requeue, the default, by name
     knobs.setdefault("overload", OverloadPolicy.REJECT)
     return DispatcherCore(DispatchPolicy(**knobs), ThroughputPrefillModel(TOKENS_PER_S))
@@ -433,6 +435,41 @@ def test_a_request_stops_waiting_for_an_instance_after_the_limit():
     (reject,) = rejects(core.on_tick(6000.0))
     assert (reject.request_id, reject.code) == ("r1", ErrorCode.NO_INSTANCE)
     assert core.queue_depth("m") == 0
+
+
+def _published(effects) -> list:
+    return [e.window for e in effects if isinstance(e, PublishLoad)]
+
+
+def test_the_first_request_waiting_for_an_instance_publishes_the_window_at_once():
+    # the scaler starts a model's first instance on seeing requests wait (ElasticScaler.wake); at the next publish
+    # period (60 s here) it would have seen them that much later
+    core = make_core(is_wake_published_at_once=True, max_wait_for_instance_ms=5000.0)
+    core.on_instances(0.0, [])
+    (window,) = _published(core.on_request(0.0, request("r0", 0.0)))
+    assert (window.model, window.queue_depth, window.num_requests) == ("m", 1, 1)
+    assert _published(core.on_request(100.0, request("r1", 100.0))) == []  # once per wait, not per request
+    assert len(assigns(core.on_instances(200.0, [record("b")]))) == 2
+    # b lost: what it ran waits again (or fails), and the first request to wait publishes again, once
+    lost = core.on_instances(300.0, [])
+    windows = _published(lost) + _published(core.on_request(400.0, request("r2", 400.0)))
+    assert len(windows) == 1 and windows[0].queue_depth >= 1
+
+
+def test_a_wait_that_ended_in_refusals_publishes_again_on_the_next_request():
+    core = make_core(is_wake_published_at_once=True, max_wait_for_instance_ms=5000.0)
+    core.on_instances(0.0, [])
+    assert len(_published(core.on_request(0.0, request("r0", 0.0)))) == 1
+    (reject,) = rejects(core.on_tick(5000.0))  # nobody started it: r0 refused, the queue empty
+    assert reject.code == ErrorCode.NO_INSTANCE
+    (window,) = _published(core.on_request(6000.0, request("r1", 6000.0)))
+    assert window.queue_depth == 1
+
+
+def test_without_the_knob_a_waiting_request_publishes_nothing_before_the_period():
+    core = make_core(max_wait_for_instance_ms=5000.0)
+    core.on_instances(0.0, [])
+    assert core.on_request(0.0, request("r0", 0.0)) == []
 
 
 def test_a_prefill_instance_without_a_decode_instance_cannot_serve():

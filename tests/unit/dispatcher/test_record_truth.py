@@ -5,7 +5,7 @@ from contracts import InstanceRole, ModelState
 from dispatcher.core import DispatcherCore, DispatchPolicy, ThroughputPrefillModel
 from dispatcher.core.record_truth import corrected_by_heartbeat
 
-from .helpers import assigns, heartbeat, record, request
+from .helpers import assigns, heartbeat, record, rejects, request
 
 
 def _failed(instance_id: str, at_ms: float):
@@ -40,7 +40,8 @@ def test_the_corrected_record_makes_the_instance_routable_again_and_lifts_a_ban(
     failed = live.model_copy(update={"is_ready": False, "state": ModelState.FAILED, "updated_unix_ms": 1000.0})
     core.on_instances(1000.0, [failed])
     assert core.routable_models() == []
-    assert core.on_request(1100.0, request("r0", 1100.0, slo_ms=30_000.0)) == []  # waits for an instance
+    waited = core.on_request(1100.0, request("r0", 1100.0, slo_ms=30_000.0))
+    assert not assigns(waited) and not rejects(waited)  # waits for an instance
     (fixed,) = corrected_by_heartbeat({"k": failed}, heartbeat(1200.0, {"a": 0}, role=InstanceRole.COLOCATED)).values()
     (assign,) = assigns(core.on_instances(1250.0, [fixed]))
     assert (assign.request_id, assign.instance_id) == ("r0", "a") and core.routable_models() == ["m"]

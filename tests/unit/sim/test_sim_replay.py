@@ -138,3 +138,28 @@ def test_an_outcome_is_recorded_and_replayed_since_it_moves_decode_routing(tmp_p
     without = [line for line in lines if line["call"] != "on_request_outcome"]
     assert not replay(header, without, prefill_time=ThroughputPrefillModel(2000.0)).is_identical
 
+
+
+@needs_traces
+def test_a_wake_between_ticks_is_recorded_and_replayed(tmp_path):
+    """With the wake on (and no keep-alive, so that models park and come back within seconds), the simulated Janus
+    starts a parked model's first instance from its load listener between ticks (`ElasticScaler.wake`), as the
+    scaler service does; the replay makes the same wakes."""
+    from dispatcher.core import DispatchPolicy
+    from planner.core import ElasticPolicy, PlannerPolicy, PoolPolicy
+
+    trace = servegen_trace(num_apps=20, num_requests=100, duration_s=60, seed=1)  # sparse: 5 requests an app
+    policy = PlannerPolicy(elastic=ElasticPolicy(is_woken_at_once=True, keepalive_s=0.0),
+                           pool=PoolPolicy(large_need_enter=1e-6, large_need_exit=1e-6))  # every model elastic
+    control = JanusControl(planner_policy=policy, dispatch=DispatchPolicy(is_wake_published_at_once=True,
+                                                                           window_s=1.0))  # gaps of seconds park
+    run = SystemRun(build_scenario(trace, num_devices=64), control, record=True)
+    run.run()
+    woken = [p for p in control.plans if p.reason.startswith("woken at once")]
+    assert woken, "some model parked and woke"
+    path = tmp_path / "janus.jsonl"
+    run.recorder.write(path)
+    header, lines = read(path)
+    assert any(line["call"] == "wake" and line["decision"] for line in lines)
+    report = replay(header, lines)
+    assert report.is_identical, report.mismatches[:5]
