@@ -219,6 +219,7 @@ class ElasticScaler:
         self._gaps_ms: dict[str, deque[float]] = {}
         self._num_plans = 0
         self._last_plan: ElasticPlan | None = None  # the last plan, ticked or woken: what `wake` adds to
+        self._parked: frozenset[str] = frozenset()  # the models that plan gives no instance (`is_waking` per window)
         self._id_prefix = id_prefix
         self.is_observe_only = is_observe_only
 
@@ -349,62 +350,58 @@ class ElasticScaler:
                               *notes]),
             is_observe_only=self.is_observe_only,
         )
-        self._last_plan = plan
+        self._remember(plan)
         return ElasticDecision(plan, searches, tuple(sorted(held)))
+
+    def _remember(self, plan: ElasticPlan) -> None:
+        self._last_plan = plan
+        self._parked = frozenset(t.model for t in plan.targets if t.num_prefill + t.num_decode == 0)
 
     def is_waking(self, window: ModelLoadWindow) -> bool:
         """Whether `window` asks for a `wake`: requests of an elastic model wait in a dispatcher's queue while the
         last plan gave the model no instance (the dispatcher publishes such a window at once,
-        `DispatchPolicy.is_wake_published_at_once`)."""
-        if not self.policy.is_woken_at_once or window.queue_depth <= 0 or self._last_plan is None:
-            return False
-        target = next((t for t in self._last_plan.targets if t.model == window.model), None)
-        return target is not None and target.num_prefill + target.num_decode == 0
+        `DispatchPolicy.is_wake_published_at_once`). Asked of every window: a set lookup."""
+        return self.policy.is_woken_at_once and window.queue_depth > 0 and window.model in self._parked
 
     def wake(self, now_ms: float, budget_devices: int) -> ElasticPlan | None:
         """Between ticks: the last plan with one colocated instance for each elastic model that has requests
-        waiting and no instance (`is_waking` on the windows observed since), if the budget has its devices; None
-        when there is none to wake. A burst after a model went to zero otherwise waited for the next tick (up to
-        `period_s`) on top of the dispatcher's publish period before its first instance started loading
-        (docs/planner.md, "Waking a model at once"). Nothing else in the plan moves, and no debounced change is
-        confirmed by it: it is the tick's own rule for a model's first instance, applied early."""
+        waiting and no instance (`is_waking` on the windows observed since), the busiest first while the budget has
+        their devices; None when there is none to wake. A burst after a model went to zero otherwise waited for the
+        next tick (up to `period_s`) on top of the dispatcher's publish period before its first instance started
+        loading (docs/planner.md, "Waking a model at once"). Nothing else in the plan moves, and no debounced change
+        is confirmed by it: it is the tick's own rule for a model's first instance, applied early."""
         last = self._last_plan
         if last is None or not self.policy.is_woken_at_once:
             return None
+        waiting = {m: w for m in self._parked if (w := self._loads.merged(m, now_ms)) is not None and self.is_waking(w)}
+        tp = {t.model: t.num_devices_per_instance for t in last.targets}
         used = last.num_devices_used
-        woken: list[str] = []
-        targets: list[ElasticTarget] = []
-        by_rate = sorted(last.targets, key=lambda t: (-self._token_rate(t.model, now_ms), t.model))
-        for t in by_rate:
-            window = self._loads.merged(t.model, now_ms)
-            if window is not None and self.is_waking(window) and used + t.num_devices_per_instance <= budget_devices:
-                used += t.num_devices_per_instance
-                woken.append(t.model)
-                t = t.model_copy(update={"num_prefill": 1, "num_decode": 0,
-                                         "reason": f"woken: {window.queue_depth} waiting, no instance; "
-                                                   "one colocated instance at once, before the next tick"})
-            targets.append(t)
+        woken: dict[str, int] = {}  # model -> its requests waiting
+        for m in sorted(waiting, key=lambda m: (-waiting[m].features.token_rate_tps, m)):
+            if used + tp[m] <= budget_devices:
+                used += tp[m]
+                woken[m] = waiting[m].queue_depth
         if not woken:
             return None
         self._applied.update({m: (1, 0) for m in woken})
         if self.policy.is_debounced:
             self._debouncer.force(self._applied)
-        order = {t.model: i for i, t in enumerate(last.targets)}
+        targets = tuple(
+            t.model_copy(update={"num_prefill": 1, "num_decode": 0,
+                                 "reason": f"woken: {woken[t.model]} waiting, no instance; one colocated instance "
+                                           "at once, before the next tick"})
+            if t.model in woken else t for t in last.targets)
         self._num_plans += 1
         plan = last.model_copy(update={
             "plan_id": f"{self._id_prefix}-{self._num_plans:06d}",
             "created_unix_ms": now_ms,
             "budget_devices": budget_devices,
             "num_devices_used": used,
-            "targets": tuple(sorted(targets, key=lambda t: order[t.model])),
+            "targets": targets,
             "reason": f"woken at once: {', '.join(sorted(woken))}; the rest as {last.plan_id}",
         })
-        self._last_plan = plan
+        self._remember(plan)
         return plan
-
-    def _token_rate(self, model: str, now_ms: float) -> float:
-        window = self._loads.merged(model, now_ms)
-        return window.features.token_rate_tps if window is not None else 0.0
 
     def _decode_floors(self, busy: Sequence[str], desired: dict[str, int], loads: Mapping[str, ModelLoadWindow],
                        searches: Mapping[str, ReplicaSearch], decode_kv: Mapping[str, DecodeKV]) -> dict[str, int]:
