@@ -14,7 +14,7 @@ from .registry import InstanceRecord
 from .requests import CancelRequest, GenerateRequest, SubmitAck
 from .stream import ResendReply, ResendRequest, StreamEvent
 from .telemetry import ModelLoadWindow
-from .worker import PrefillDone, RequestOutcome, RunAssignment, WorkerHeartbeat
+from .worker import MoveDecodes, MoveDecodesAck, PrefillDone, RequestOutcome, RunAssignment, WorkerHeartbeat
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ ROUTES: tuple[Route, ...] = (
     Route(f"{s.PREFIX}.req.<model>", "gateway", "dispatcher (queue group)", GenerateRequest, SubmitAck),
     Route(s.CANCEL, "gateway", "dispatchers, workers", CancelRequest),
     Route(f"{s.PREFIX}.worker.<worker>.run", "dispatcher", "worker", RunAssignment),
+    Route(f"{s.PREFIX}.worker.<worker>.move", "dispatcher", "worker", MoveDecodes, MoveDecodesAck),
     Route(f"{s.REPLY_PREFIX}.<gateway>.<request>", "worker", "gateway", StreamEvent),
     Route(f"{s.PREFIX}.worker.<worker>.resend", "gateway", "worker", ResendRequest, ResendReply),
     Route(s.PREFILL_DONE, "worker", "dispatchers", PrefillDone),

@@ -85,6 +85,10 @@ def worker_cmd(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.cmd"
 
 
+def worker_move(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{token(worker_id)}.move"
+
+
 def worker_resend(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.resend"
 

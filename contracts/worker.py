@@ -27,6 +27,23 @@ class KVTarget(Message):
         return bool(self.transfer_session and self.block_offsets_bytes and self.block_num_bytes)
 
 
+class MovedStream(Message):
+    """A running decode that moves from another instance of the model (docs/lifecycle.md, "Moving a decode"): the
+    tokens that instance sampled and streamed, and where the stream stands, so that the new instance continues it
+    as if nothing had happened."""
+
+    output_token_ids: tuple[int, ...] = Field(min_length=1)
+    next_seq: int = Field(ge=1, description="the stream's next chunk number")
+    first_token_unix_ms: float
+    num_on_time_tokens: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _on_time_within_output(self) -> "MovedStream":
+        if self.num_on_time_tokens > len(self.output_token_ids):
+            raise ValueError("num_on_time_tokens must not exceed the tokens streamed")
+        return self
+
+
 class RunAssignment(Message):
     """janus.worker.<worker>.run: run this request on this instance."""
 
@@ -34,6 +51,8 @@ class RunAssignment(Message):
     instance_id: str
     phase: Literal["full", "prefill", "decode"] = "full"
     kv_target: KVTarget | None = None
+    # phase "decode" only: a running decode moving here (its reservation, then its hand-over), not a P/D prefill's
+    moved: MovedStream | None = None
     predicted_prefill_ms: float = Field(default=0.0, ge=0)
     dispatched_unix_ms: float
     dispatcher_id: str = ""
@@ -80,6 +99,27 @@ class RequestOutcome(Message):
         if self.num_on_time_tokens > self.num_output_tokens:
             raise ValueError("num_on_time_tokens must not exceed num_output_tokens")
         return self
+
+
+MAX_NUM_MOVES = 256  # one command's moves: each is a few bus round trips and a KV write
+
+
+class MoveDecodes(Message):
+    """janus.worker.<worker>.move (request/reply): move up to `max_requests` running decodes of `instance_id`, a
+    draining decode instance on that worker, to `target_instance_id` on `target_worker_id`, an active one of the
+    same model. Each move writes the request's KV into the target's blocks and hands its stream over; one that
+    fails goes on decoding where it was. The dispatcher sends it (dispatcher/core/moves.py)."""
+
+    instance_id: str
+    target_worker_id: str
+    target_instance_id: str
+    max_requests: int = Field(ge=1, le=MAX_NUM_MOVES)
+
+
+class MoveDecodesAck(Message):
+    """The requests whose move started (their engine takes them out at its next step)."""
+
+    request_ids: tuple[str, ...] = ()
 
 
 MAX_NUM_HOLDS_IDS = 256  # one query's ids: ~20 KB at most, well inside a NATS message

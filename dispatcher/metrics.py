@@ -14,6 +14,8 @@ REQUEST_RATE = gauge("janus_dispatcher_request_rate_rps", "arrivals per second o
 ASSIGNED = counter("janus_dispatcher_assignments_total", "requests sent to an instance", ("model", "is_late"))
 REJECTED = counter("janus_dispatcher_rejections_total", "requests refused or failed by the dispatcher",
                    ("model", "code"))
+DECODES_MOVED = counter("janus_dispatcher_decodes_moved_total", "running decodes a draining decode instance was told "
+                        "to move to an active one (dispatcher/core/moves.py)", ("model",))
 REQUEUED = counter("janus_dispatcher_requeues_total", "requests back in the queue after an instance failed",
                    ("model",))
 # vLLM's request_queue_time_seconds: from a request's arrival here (or its requeue after an instance failed) to its

@@ -25,6 +25,8 @@ from contracts import (
     InstanceRecord,
     KVTarget,
     ModelState,
+    MoveDecodes,
+    MoveDecodesAck,
     PrefillDone,
     RequestFailed,
     RequestOutcome,
@@ -42,13 +44,14 @@ from runtime.service import Service, cancel_and_wait
 from runtime.settings import ClusterConfig, JanusSettings
 
 from .core.core import DispatcherCore
-from .core.effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
+from .core.effects import Assign, Effect, MoveDecodes as MoveOrder, PublishLoad, Reject, Relaxed, Requeued
 from .core.policy import DispatchPolicy
 from .core.prefill_time import ThroughputPrefillModel
 from .core.record_truth import corrected_by_heartbeat
 from .core.streaming import StreamingBook
 from .metrics import (
     ASSIGNED,
+    DECODES_MOVED,
     QUEUE_DEPTH,
     QUEUE_TIME_S,
     REJECTED,
@@ -107,6 +110,7 @@ class DispatcherService(Service):
         self.num_received = 0
         self.num_assigned = 0
         self.num_rejected = 0
+        self.num_decodes_moved = 0  # running decodes off draining instances whose move started
 
     async def start(self, bus: Bus) -> None:
         kv = await instances_bucket(bus.js, self.cluster)
@@ -356,6 +360,21 @@ class DispatcherService(Service):
                 log.info("%s", effect)
             elif isinstance(effect, Relaxed):
                 log.info("%s", effect)
+            elif isinstance(effect, MoveOrder):
+                self._deferred.add(task := asyncio.create_task(self._order_moves(effect)))
+                task.add_done_callback(self._deferred.discard)
+
+    async def _order_moves(self, order: MoveOrder) -> None:
+        """Ask a draining decode instance's worker to move some of its decodes (worker/dataplane/move_flow.py)."""
+        cmd = MoveDecodes(instance_id=order.instance_id, target_worker_id=order.target_worker_id,
+                          target_instance_id=order.target_instance_id, max_requests=order.max_requests)
+        try:
+            ack = await self.bus.request(subjects.worker_move(order.worker_id), cmd, MoveDecodesAck, timeout_s=2.0)
+        except BusError as exc:
+            log.info("moves off %s refused: %s", order.instance_id, exc.error.message)
+            return
+        DECODES_MOVED.labels(order.model).inc(len(ack.request_ids))
+        self.num_decodes_moved += len(ack.request_ids)
 
     async def _assign(self, a: Assign) -> None:
         queued_since_s = self._queued_since_s.pop(a.request_id, None)
@@ -428,4 +447,4 @@ class DispatcherService(Service):
     def health_detail(self) -> dict[str, str]:
         return {"assigned": str(self.num_assigned), "rejected": str(self.num_rejected),
                 "instances": str(len(self._records)), "queued": str(len(self._requests)),
-                "streaming": str(len(self._streaming))}
+                "streaming": str(len(self._streaming)), "decodes_moved": str(self.num_decodes_moved)}

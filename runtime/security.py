@@ -74,7 +74,8 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
                  *js_get(PLANS), INBOX),
         subscribe=("janus.reply.>", "janus.telemetry.>", "janus.plan.>", "janus.event.lifecycle", INBOX, HEALTH)),
     "dispatcher": Permissions(  # watches the registry; creates it with the cluster's replicas when first up
-        publish=("janus.worker.*.run", "janus.worker.*.holds", "janus.reply.>", "janus.telemetry.model.*",
+        publish=("janus.worker.*.run", "janus.worker.*.holds", "janus.worker.*.move", "janus.reply.>",
+                 "janus.telemetry.model.*",
                  "janus.telemetry.dispatcher.*",
                  *js_create(KV_STREAM), *js_read(KV_STREAM), INBOX),
         subscribe=("janus.req.*", "janus.cancel", "janus.event.prefill", "janus.event.outcome",

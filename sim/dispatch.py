@@ -13,6 +13,7 @@ import numpy as np
 from contracts import InstanceRecord, InstanceRole, InstanceStatus, ModelLoadWindow, ModelState, Pool
 from contracts import WorkerHeartbeat
 from dispatcher.core import Assign, DispatcherCore, DispatchPolicy, DispatchRequest, PublishLoad, Reject
+from dispatcher.core.effects import MoveDecodes
 
 from .event_loop import Sim
 from .executor import SimInstance, score_decode_tokens
@@ -126,6 +127,7 @@ class CoreDispatch:
             arrival_ms=now_ms,
             ttft_deadline_ms=now_ms + t.ttft_slo_s[request] * 1e3,
             expected_output_tokens=t.output_tokens[request],
+            tpot_slo_ms=t.tpot_slo_s[request] * 1e3,
         )
         self._apply(app, self.cores[app].on_request(now_ms, req), now_s)
 
@@ -173,6 +175,10 @@ class CoreDispatch:
             elif isinstance(e, PublishLoad):
                 for listener in self.load_listeners:
                     listener(now_s, e.window)
+            elif isinstance(e, MoveDecodes):
+                source, target = sim.instances.get(e.instance_id), sim.instances.get(e.target_instance_id)
+                if source is not None and target is not None:
+                    sim.move_decodes(source, target, e.max_requests, now_s)
         self._rearm(app, now_s)
 
     def _rearm(self, app: int, now_s: float) -> None:
@@ -200,24 +206,29 @@ class CoreDispatch:
 
     def _heartbeats(self, now_s: float) -> None:
         """Decode and co-located instances report their backlog (waiting + running) as the worker heartbeat carries
-        it; built with model_construct: these are the simulator's own, already-valid values."""
+        it; built with model_construct: these are the simulator's own, already-valid values. Moving decodes off
+        draining instances, draining decode instances report too, and decode instances their decode rate."""
         now_ms = now_s * 1e3
         last, self._statuses = self._statuses, {}  # only instances still reporting are kept
         cores = self.cores
+        moves = self.policy.moves_draining_decodes
         for app, insts in self.sim.instances_by_app.items():
             # the roles whose backlog this core reads (a baseline reads no co-located ones: ~10 % of its run)
             roles = ("colocated", "decode") if cores[app].reads_colocated_backlog else ("decode",)
-            statuses = [self._status(i, last) for i in insts if i.role in roles and i.is_ready]
+            statuses = [self._status(i, last, moves) for i in insts if i.role in roles and (
+                i.is_ready or moves and i.is_draining and i.role == "decode" and i.executor is not None)]
             if statuses:
                 hb = WorkerHeartbeat.model_construct(worker_id=f"sim-{app}", seq=0, sent_unix_ms=now_ms,
                                                      instances=tuple(statuses))
-                self.cores[app].on_heartbeat(now_ms, hb)
+                self._apply(app, self.cores[app].on_heartbeat(now_ms, hb), now_s)
 
-    def _status(self, inst: SimInstance, last_statuses: dict[str, InstanceStatus]) -> InstanceStatus:
+    def _status(self, inst: SimInstance, last_statuses: dict[str, InstanceStatus], moves: bool) -> InstanceStatus:
         """The instance's line in a heartbeat: the last one again while its backlog is unchanged, else a copy of it
         with the new counts (half the cost of building one). A heartbeat every 0.5 s for each of up to ~10^3
         instances: building each anew was ~4 % of a Janus run and ~10 % of static partition's."""
         num_waiting, num_running = len(inst.waiting), inst.batch
+        if moves and inst.role == "decode":  # state and decode rate change without the counts: built each time
+            return self._decode_status(inst, num_waiting, num_running)
         status = last_statuses.get(inst.instance_id)
         if status is not None and (status.num_waiting != num_waiting or status.num_running != num_running):
             status = status.model_copy(update={"num_waiting": num_waiting, "num_running": num_running})
@@ -225,5 +236,18 @@ class CoreDispatch:
             status = InstanceStatus.model_construct(
                 instance_id=inst.instance_id, model=self.app_names[inst.app], role=_ROLE[inst.role],
                 pool=_POOL[inst.pool], state=ModelState.ACTIVE, num_waiting=num_waiting, num_running=num_running)
+        self._statuses[inst.instance_id] = status
+        return status
+
+    def _decode_status(self, inst: SimInstance, num_waiting: int, num_running: int) -> InstanceStatus:
+        """A decode instance's line with its state and its decode rate now: its batch over its step (what the
+        engine's measured rate says, without the window's lag)."""
+        executor = inst.executor
+        step_s = executor.run_round_s if executor is not None and executor.is_running else 0.0
+        status = InstanceStatus.model_construct(
+            instance_id=inst.instance_id, model=self.app_names[inst.app], role=_ROLE[inst.role],
+            pool=_POOL[inst.pool], state=ModelState.ACTIVE if inst.is_ready else ModelState.DRAINING,
+            num_waiting=num_waiting, num_running=num_running,
+            decode_tokens_per_s=num_running / step_s if num_running and step_s > 0 else None)
         self._statuses[inst.instance_id] = status
         return status

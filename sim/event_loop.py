@@ -75,6 +75,7 @@ class Sim:
         self.decode_target: dict[int, SimInstance] = {}  # request -> its decode instance (P/D)
         self.num_events = 0
         self.num_done = 0  # requests finished or failed
+        self.num_decodes_moved = 0  # running decodes moved off draining instances (move_decodes)
         self._next_arrival = 0
         self.on_done: Callable[[int, float], None] | None = None
         self._next_instance = 0
@@ -334,6 +335,45 @@ class Sim:
 
     def on_instance_idle(self, inst: SimInstance, now_s: float) -> None:
         self._maybe_idle(inst, now_s)
+
+    # ------------------------------------------------------------------------------------------------ moving decodes
+    def move_decodes(self, source: SimInstance, target: SimInstance, num_requests: int, now_s: float) -> None:
+        """Move up to `num_requests` running decodes of `source` to `target` (the dispatcher's order, carried out
+        as the workers do: worker/dataplane/move_flow.py). The engine takes them out at its next step boundary."""
+        if source.executor is None or not source.batch or source is target:
+            return
+        source.moves_out.append((target, num_requests))
+        source.executor.notify(now_s)  # cut the run at its next round
+
+    def on_moves_due(self, inst: SimInstance, now_s: float) -> None:
+        """At a step boundary: the longest-running decodes go first (the worker's order); each one's KV (prompt and
+        tokens so far) crosses the device link, and the target admits it when it lands. A target that went away or
+        stopped being ready meanwhile takes nothing: those decodes stay (the worker's refused move)."""
+        orders, inst.moves_out = inst.moves_out, []
+        table = self.table
+        longest_first = sorted(inst.finish_heap, key=lambda e: table.join_round[e[1]])
+        k = 0
+        for target, num_requests in orders:
+            if target.executor is None or not target.is_ready:
+                continue
+            for _ in range(num_requests):
+                if k == len(longest_first):
+                    return
+                request = longest_first[k][1]
+                k += 1
+                num_emitted = inst.executor.take_out(inst, request)
+                target.num_in_flight += 1
+                self.num_decodes_moved += 1
+                transfer_s = inst.cost.kv_transfer_s(int(table.input_tokens[request]) + num_emitted,
+                                                     self.link_bytes_per_s)
+                self.at(now_s + transfer_s, lambda t, d=target, r=request, n=num_emitted: self._moved_in(d, r, n, t))
+
+    def _moved_in(self, target: SimInstance, request: int, num_emitted: int, now_s: float) -> None:
+        if target.executor is None:  # gone while the KV crossed: the stream breaks (live, a timed-out hand-over)
+            self.fail(request, now_s)
+            return
+        target.resume_at[request] = num_emitted
+        self._kv_arrived(target, request, now_s)
 
     def _maybe_idle(self, inst: SimInstance | None, now_s: float) -> None:
         if inst is not None and inst.is_draining and not inst.waiting and not inst.batch and inst.num_in_flight <= 0:

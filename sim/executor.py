@@ -44,6 +44,9 @@ class ExecutorHooks(Protocol):
 
     def on_request_failed(self, instance: "SimInstance", request: int, time_s: float) -> None: ...
 
+    def on_moves_due(self, instance: "SimInstance", time_s: float) -> None:
+        """The instance is at a step boundary with decodes to move (`moves_out`): take them out now."""
+
 
 class SimInstance:
     """One model instance: a prefill queue (or, for a decode instance, requests whose KV cache has arrived), a
@@ -52,7 +55,8 @@ class SimInstance:
     __slots__ = ("instance_id", "app", "role", "pool", "cost", "executor", "table", "waiting", "head_done_tokens",
                  "num_reserved", "batch", "ctx_base", "finish_heap", "rounds", "segs", "is_draining", "is_ready",
                  "num_in_flight", "seq", "max_num_batched_tokens", "worker_id", "created_s", "ready_at_s",
-                 "done_unscored", "forked_from_until_s", "kv_bytes_used")
+                 "done_unscored", "forked_from_until_s", "kv_bytes_used", "moves_out",
+                 "resume_at")
 
     def __init__(self, instance_id: str, app: int, role: str, pool: str, cost: StepCost, table: RequestTable,
                  max_num_batched_tokens: int = 8192, worker_id: str = ""):
@@ -86,6 +90,8 @@ class SimInstance:
         # finished requests whose decode tokens are still to be scored: (request, first segment, end segment),
         # absolute segment indices; scored in batches (score_decode_tokens)
         self.done_unscored: list[tuple[int, int, int]] = []
+        self.moves_out: list = []  # (target instance, how many) ordered, carried out at the next step boundary
+        self.resume_at: dict[int, int] = {}  # a request moved here -> decode tokens it emitted elsewhere
 
     @property
     def context_tokens(self) -> int:
@@ -285,13 +291,15 @@ class Executor:
             inst.waiting = skipped
 
     def _join(self, inst: SimInstance, request: int, table: RequestTable) -> None:
-        table.join_round[request] = inst.rounds
+        # a request moved here joins as if it had run its earlier decode rounds here: its token i is still due at
+        # the same time, and its context counts the tokens it emitted elsewhere
+        join = table.join_round[request] = inst.rounds - inst.resume_at.pop(request, 0)
         table.join_seg[request] = inst.segs.end
         num_decode = table.output_tokens[request] - 1
         inst.batch += 1
-        inst.ctx_base += table.input_tokens[request] + 1 - inst.rounds
+        inst.ctx_base += table.input_tokens[request] + 1 - join
         inst.seq += 1
-        heapq.heappush(inst.finish_heap, (inst.rounds + num_decode, request))
+        heapq.heappush(inst.finish_heap, (join + num_decode, request))
 
     def _finish(self, now_s: float) -> None:
         num_rounds = self.run_num_rounds
@@ -336,9 +344,27 @@ class Executor:
             if inst.segs.size > inst.segs.prune_at:
                 score_decode_tokens(inst)  # before their segments go
                 _prune_segments(inst)
+        for inst in self.run_members:
+            if inst.moves_out:
+                hooks.on_moves_due(inst, now_s)
         for inst in self.instances:
             if inst.is_draining and not inst.waiting and not inst.batch:
                 hooks.on_instance_idle(inst, now_s)
+
+    def take_out(self, inst: SimInstance, request: int) -> int:
+        """Take a running decode out of the instance's batch at a step boundary (it moves to another instance):
+        its tokens so far are scored here and its KV freed. Returns the decode tokens it emitted here."""
+        table = inst.table
+        join = table.join_round[request]
+        num_on_time = _decode_counts(inst, [(request, table.join_seg[request], inst.segs.end)])[0]
+        table.num_on_time[request] += int(num_on_time)
+        inst.finish_heap = [e for e in inst.finish_heap if e[1] != request]
+        heapq.heapify(inst.finish_heap)
+        inst.batch -= 1
+        inst.ctx_base -= table.input_tokens[request] + 1 - join
+        self._release(inst, request)
+        inst.num_in_flight -= 1
+        return inst.rounds - join
 
     def _release(self, inst: SimInstance, request: int) -> None:
         need = inst.kv_bytes(request)

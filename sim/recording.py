@@ -32,6 +32,7 @@ from typing import Any
 from contracts import (CapacityQuery, CapacityReply, ElasticityQuery, ElasticityReply, InstanceRecord,
                        ModelLoadWindow, WorkerHeartbeat)
 from dispatcher.core import Assign, DispatchPolicy, DispatchRequest, Reject
+from dispatcher.core.effects import MoveDecodes
 
 VERSION = 1
 
@@ -69,6 +70,8 @@ def routing_decisions(effects) -> list[list]:
             out.append(["assign", e.request_id, e.instance_id, e.decode_instance_id, e.is_late])
         elif isinstance(e, Reject):
             out.append(["reject", e.request_id, e.code.value])
+        elif isinstance(e, MoveDecodes):
+            out.append(["move", e.instance_id, e.target_instance_id, e.max_requests])
     return out
 
 
@@ -155,7 +158,8 @@ def _heartbeat_args(hb: WorkerHeartbeat) -> dict:
     return {"worker_id": hb.worker_id, "sent_unix_ms": hb.sent_unix_ms,
             "instances": [{"instance_id": s.instance_id, "model": s.model, "role": s.role.value,
                            "pool": s.pool.value, "state": s.state.value, "num_waiting": s.num_waiting,
-                           "num_running": s.num_running} for s in hb.instances]}
+                           "num_running": s.num_running, "decode_tokens_per_s": s.decode_tokens_per_s}
+                          for s in hb.instances]}
 
 
 class RecordingOracle:
@@ -416,7 +420,8 @@ def _heartbeat(args: dict) -> WorkerHeartbeat:
 
     statuses = tuple(InstanceStatus.model_construct(
         instance_id=s["instance_id"], model=s["model"], role=InstanceRole(s["role"]), pool=Pool(s["pool"]),
-        state=ModelState(s["state"]), num_waiting=s["num_waiting"], num_running=s["num_running"])
+        state=ModelState(s["state"]), num_waiting=s["num_waiting"], num_running=s["num_running"],
+        decode_tokens_per_s=s.get("decode_tokens_per_s"))
         for s in args["instances"])
     return WorkerHeartbeat.model_construct(worker_id=args["worker_id"], seq=0, sent_unix_ms=args["sent_unix_ms"],
                                            instances=statuses)

@@ -18,6 +18,7 @@ from .effects import Assign, Effect, PublishLoad, Reject, Relaxed, Requeued
 from .jobs import Job
 from .least_load import LeastLoadIndex
 from .load_window import LoadWindow
+from .moves import DecodeMover
 from .round import Affinity, plan_round
 from .poison import is_poison, note_instance_failure, poison_message
 from .policy import Algorithm, DispatchPolicy, OverloadPolicy
@@ -63,6 +64,10 @@ class DispatcherCore:
         self._least_load: dict[str, LeastLoadIndex] = {}
         self._waiting_for_instance: dict[str, set[str]] = {}  # model -> ids of jobs queued while it had no instance
         self._wake_published: set[str] = set()  # models whose window went out at once since they last had one
+        self._mover = DecodeMover(after_draining_ms=policy.move_after_draining_ms,
+                                  tpot_margin_frac=policy.move_tpot_margin_frac,
+                                  max_per_target=policy.move_max_per_target)
+        self._tpot_slo_ms: dict[str, float] = {}  # model -> the TPOT SLO its latest request carried
         self._now_ms = float("-inf")
         self._next_publish_ms: float | None = None
         self._prefixes = PrefixAffinityIndex(policy.prefix_block_size, policy.prefix_blocks_per_instance)
@@ -87,6 +92,8 @@ class DispatcherCore:
             self._window(request.model, now).record_arrival(
                 now, request.num_prompt_tokens, request.expected_output_tokens
             )
+            if request.tpot_slo_ms > 0:
+                self._tpot_slo_ms[request.model] = request.tpot_slo_ms
             job = Job.from_request(request)
             token_ids = getattr(request.source, "prompt_token_ids", None)  # a GenerateRequest's, live
             if self.policy.is_prefix_affine and token_ids:
@@ -117,13 +124,20 @@ class DispatcherCore:
 
     def on_heartbeat(self, now_ms: float, heartbeat: WorkerHeartbeat) -> list[Effect]:
         """A worker heartbeat: the backlogs (waiting + running sequences) of decode instances, for decode routing,
-        and of co-located ones, for breaking LST-IMH's ties."""
-        self._advance(now_ms)
+        and of co-located ones, for breaking LST-IMH's ties; with `moves_draining_decodes`, the moves of running
+        decodes off draining decode instances it makes possible (moves.py)."""
+        now = self._advance(now_ms)
         roles = _DECODING_ROLES if self.reads_colocated_backlog else (InstanceRole.DECODE,)
         for status in heartbeat.instances:
             if status.role in roles:
                 self._decode.report(status.instance_id, heartbeat.sent_unix_ms, status.num_waiting + status.num_running)
-        return []
+        if not self.policy.moves_draining_decodes:
+            return []
+        effects: list[Effect] = []
+        for model in sorted(self._mover.report(now, heartbeat)):
+            effects += self._mover.plan(now, model, self._view.decode_instances(model), self._decode.backlog,
+                                        self._tpot_slo_ms.get(model, 0.0))
+        return effects
 
     def on_prefill_done(
         self,
@@ -312,6 +326,7 @@ class DispatcherCore:
     def _lose_instance(self, now: float, instance_id: str, is_ban: bool, is_failure: bool) -> list[Effect]:
         effects: list[Effect] = []
         self._decode.forget_instance(instance_id)
+        self._mover.forget(instance_id)
         self._prefixes.forget(instance_id)  # slept, reloaded or gone: its prefix cache went with it
         for request_id in self._view.mark_lost(now, instance_id, is_ban):
             inflight = self._inflight.pop(request_id, None)

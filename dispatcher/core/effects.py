@@ -72,4 +72,16 @@ class PublishLoad(NamedTuple):
     window: ModelLoadWindow
 
 
-Effect = Assign | Reject | Requeued | Relaxed | PublishLoad
+class MoveDecodes(NamedTuple):
+    """Ask `worker_id` to move up to `max_requests` running decodes of `instance_id` (draining) to
+    `target_instance_id` on `target_worker_id` (contracts.MoveDecodes; the rule: moves.py)."""
+
+    model: str
+    instance_id: str
+    worker_id: str
+    target_instance_id: str
+    target_worker_id: str
+    max_requests: int
+
+
+Effect = Assign | Reject | Requeued | Relaxed | PublishLoad | MoveDecodes

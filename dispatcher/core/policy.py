@@ -128,3 +128,22 @@ class DispatchPolicy(BaseModel):
         "window at once, not at the next publish period: the elastic scaler starts its first instance on it "
         "(ElasticScaler.wake)"
     )
+    # Moving decodes off draining decode instances (moves.py; the workers carry the moves out: worker/dataplane/
+    # move_flow.py). Off by default until measured over the learned runs (docs/bench/sim.md, run 56).
+    moves_draining_decodes: bool = Field(
+        default=False, description="a decode instance draining for move_after_draining_ms moves its running "
+        "decodes to active instances of its model with room, so that its devices free before its longest "
+        "sequence ends"
+    )
+    move_after_draining_ms: float = Field(
+        default=30_000.0, ge=0, description="how long a decode instance drains before its decodes move: a drain "
+        "the scaler takes back within this (DRAINING -> ACTIVE) keeps its sequences where they are"
+    )
+    move_tpot_margin_frac: float = Field(
+        default=0.6, gt=0, le=1, description="a target takes moved decodes while its step, grown in proportion to "
+        "its batch, stays within this share of the model's TPOT SLO"
+    )
+    move_max_per_target: int = Field(
+        default=8, ge=1, description="moves one target takes between two of its heartbeats (and what an idle "
+        "target, whose step is unknown, takes)"
+    )

@@ -22,6 +22,7 @@ class DispatchRequest:
     arrival_ms: float
     ttft_deadline_ms: float
     expected_output_tokens: int = 0
+    tpot_slo_ms: float = 0.0  # 0: unknown (a replay without one); what moving decodes keeps targets within
     attempt: int = 0
     is_late: bool = False
     source: object | None = field(default=None, compare=False, repr=False)  # e.g. the GenerateRequest
@@ -57,6 +58,7 @@ class DispatchRequest:
             arrival_ms=request.arrival_unix_ms,
             ttft_deadline_ms=request.ttft_deadline_unix_ms,
             expected_output_tokens=request.sampling.max_tokens,
+            tpot_slo_ms=request.tpot_slo_ms,
             attempt=request.attempt,
             is_late=request.is_late,
             source=request,

@@ -166,7 +166,8 @@ class SystemRun:
         log = self.sim.devices_log
         summary = summarise(self.scenario.trace, out, self.scenario.ttft_slo_s[self.scenario.trace.app_ids],
                             self.scenario.tpot_slo_s[self.scenario.trace.app_ids], log.time_s, log.count)
-        counters = dict(self.counters, rejected=self.dispatch.num_rejected, events=self.sim.num_events)
+        counters = dict(self.counters, rejected=self.dispatch.num_rejected, events=self.sim.num_events,
+                        decodes_moved=self.sim.num_decodes_moved)
         by_kind = self.sim.ledger.seconds_by_kind(trace_span_s(self.scenario.trace))
         reserved_s = summary.device_hours * 3600.0 - sum(by_kind.values())
         if reserved_s > 1e-6 * max(1.0, summary.device_hours * 3600.0):

@@ -22,12 +22,16 @@ from contracts import (
     ForkSource,
     GenerateRequest,
     HealthReply,
+    InstanceRole,
     KVTarget,
     LifecycleAction,
     LifecycleCommand,
     LifecycleEvent,
     LifecycleReply,
     ModelState,
+    MoveDecodes,
+    MoveDecodesAck,
+    Pool,
     PrefillDone,
     RequestDone,
     RequestFailed,
@@ -392,6 +396,74 @@ async def test_a_draining_decode_instance_honours_its_reservations_and_takes_no_
     assert warm_event.unix_ms >= last_chunk.emitted_unix_ms  # released only after the hand-over was served
 
 
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 11)])
+async def test_a_draining_instance_moves_its_running_decode_and_the_stream_goes_on(cluster, temperature, seed):
+    """A long request decodes on A; A is told to go warm (it drains), and its worker to move its decodes to B (what
+    the dispatcher does: dispatcher/core/moves.py). The client's stream continues from B without a gap or a
+    repeat, token for token what one instance yields (seeded sampling too), A goes warm long before the request
+    ends, and A still answers a resend of the whole stream."""
+    bus, obs, _ = cluster
+    await _ensure_active(bus, obs, A, INST_A)
+    await _ensure_active(bus, obs, B, INST_B)
+    prompt = [7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 2, 3, 5, 3, 6]
+    whole = _request(prompt, max_tokens=600, temperature=temperature, seed=seed)
+    moving = _request(prompt, max_tokens=600, temperature=temperature, seed=seed)
+    await _run(bus, B, INST_B, whole)
+    await _run(bus, A, INST_A, moving)
+    await wait_for(lambda: len(obs.streams.get(moving.request_id, ())) >= 5, timeout_s=30, interval_s=0.01,
+                   what="the request decoding on A")
+    warm = asyncio.create_task(_command(bus, A, INST_A, LifecycleAction.WARM))
+    await wait_for(lambda: any(e.instance_id == INST_A and e.to_state == ModelState.DRAINING for e in obs.events[-5:]),
+                   timeout_s=10, interval_s=0.01, what=f"{INST_A} draining")
+    with pytest.raises(BusError) as refused:
+        await bus.request(subjects.worker_move(A), MoveDecodes(instance_id=INST_A, target_worker_id=A,
+                                                               target_instance_id=INST_A, max_requests=1),
+                          MoveDecodesAck, timeout_s=5)
+    assert refused.value.error.code == "invalid_request"
+    ack = await bus.request(subjects.worker_move(A), MoveDecodes(instance_id=INST_A, target_worker_id=B,
+                                                                 target_instance_id=INST_B, max_requests=4),
+                            MoveDecodesAck, timeout_s=5)
+    assert ack.request_ids == (moving.request_id,)
+    reply = await warm
+    assert reply.ok and reply.state == ModelState.WARM
+    warm_at = next(e.unix_ms for e in obs.events if e.command_id == reply.command_id and e.to_state == ModelState.WARM)
+
+    tokens, end = await obs.result(moving.request_id)
+    tokens_whole, _ = await obs.result(whole.request_id)
+    assert isinstance(end, RequestDone) and end.instance_id == INST_B and end.num_output_tokens == 600
+    assert tokens == tokens_whole and _text(obs, moving.request_id) == _text(obs, whole.request_id)
+    streamed = sorted(obs.streams[moving.request_id], key=lambda e: e.seq)
+    assert [e.seq for e in streamed] == list(range(len(streamed)))  # no gap, no chunk twice
+    by_worker = [e.worker_id for e in streamed]
+    assert by_worker[0] == A and by_worker[-1] == B and by_worker == sorted(by_worker, key=lambda w: w != A)
+    chunks = [e for e in streamed if isinstance(e, TokenChunk)]
+    last_from_a = max(e.emitted_unix_ms for e in chunks if e.worker_id == A)
+    assert last_from_a <= warm_at < chunks[-1].emitted_unix_ms  # A went warm before the request ended
+    assert sum(len(e.token_ids) for e in chunks if e.worker_id == B) > 300  # most of it decoded on B
+    assert [p.handed_over_to_instance_id for p in obs.prefills
+            if p.request_id == moving.request_id and p.handed_over_to_instance_id] == [INST_B]
+    whole_again = await bus.request(subjects.worker_resend(A), ResendRequest(request_id=moving.request_id,
+                                                                             from_seq=0), ResendReply, timeout_s=5)
+    assert whole_again.is_known and list(whole_again.events) == streamed
+
+
+async def test_a_move_the_target_refuses_keeps_the_decode_where_it_is(cluster):
+    bus, obs, _ = cluster
+    await _ensure_active(bus, obs, A, INST_A)
+    req = _request([3, 3, 4, 4, 5], max_tokens=300)
+    await _run(bus, A, INST_A, req)
+    await wait_for(lambda: len(obs.streams.get(req.request_id, ())) >= 3, timeout_s=30, interval_s=0.01,
+                   what="the request decoding on A")
+    ack = await bus.request(subjects.worker_move(A), MoveDecodes(instance_id=INST_A, target_worker_id=B,
+                                                                 target_instance_id=f"{B}/no-such-model",
+                                                                 max_requests=1), MoveDecodesAck, timeout_s=5)
+    assert ack.request_ids == (req.request_id,)
+    tokens, end = await obs.result(req.request_id)
+    assert isinstance(end, RequestDone) and end.instance_id == INST_A and len(tokens) == 300
+    streamed = sorted(obs.streams[req.request_id], key=lambda e: e.seq)
+    assert [e.seq for e in streamed] == list(range(len(streamed))) and {e.worker_id for e in streamed} == {A}
+
+
 async def test_lifecycle_commands_are_idempotent_over_the_bus(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
@@ -505,3 +577,59 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
     # a handed-back request never goes back to the draining instance (InstanceView.is_routable: ready and ACTIVE
     # only), so every request completes
     assert not failed, f"{len(failed)} of {len(reqs)} requests failed: {failed[0].error.message}"
+
+
+async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(cluster, nats_url, demo_models_dir):
+    """P/D with a real dispatcher (`moves_draining_decodes` on): a prefill instance on B, a decode instance on each
+    worker. While the requests decode, A's decode instance is told to go warm; the dispatcher sees it draining in
+    A's heartbeat and orders its decodes to B's decode instance. Every request ends on B with all its tokens, and A
+    goes warm long before they end."""
+    from dispatcher.service import DispatcherService
+    from runtime.service import run_service
+    from runtime.settings import ClusterConfig, JanusSettings
+
+    bus, obs, config = cluster
+    prefill, decode_a, decode_b = f"{B}/{MODEL}/prefill", f"{A}/{MODEL}/decode", f"{B}/{MODEL}/decode"
+    for worker, instance in ((A, INST_A), (B, INST_B)):  # only P/D instances serve: every request splits
+        await _command(bus, worker, instance, LifecycleAction.WARM)
+    for worker, instance, role in ((B, prefill, InstanceRole.PREFILL), (A, decode_a, InstanceRole.DECODE),
+                                   (B, decode_b, InstanceRole.DECODE)):
+        reply = await _command(bus, worker, instance, LifecycleAction.ACTIVATE, role=role, pool=Pool.ELASTIC)
+        assert reply.ok and reply.state == ModelState.ACTIVE, reply
+    cluster_config = ClusterConfig.model_validate({**yaml.safe_load(config.read_text()), "dispatcher": {
+        "moves_draining_decodes": True, "move_after_draining_ms": 300.0}})
+    dispatcher = DispatcherService(JanusSettings(nats_url=nats_url, instance="lc-mover",
+                                                 state_dir=demo_models_dir.parent), cluster_config)
+    task = asyncio.create_task(run_service(dispatcher, install_signals=False))
+    try:
+        await wait_for(lambda: {prefill, decode_a, decode_b} <= {r.instance_id for r in dispatcher._records.values()
+                                                                if r.is_ready}, timeout_s=30, tasks=[task],
+                       what="the P/D instances ready in the dispatcher's registry")
+        reqs = [_request([5 + i, 8, 13, 21, 34], max_tokens=500) for i in range(4)]
+        for req in reqs:
+            ack = await bus.request(subjects.req(MODEL), req, SubmitAck, timeout_s=5)
+            assert ack.status == "queued", ack
+        await wait_for(lambda: all(len(obs.streams.get(r.request_id, ())) >= 3 for r in reqs), timeout_s=30,
+                       interval_s=0.01, what="every request decoding")
+        on_a = [r for r in reqs if obs.streams[r.request_id][-1].worker_id == A]
+        assert on_a, "the least-backlog rule put some decodes on A"
+        reply = await _command(bus, A, decode_a, LifecycleAction.WARM)
+        assert reply.ok and reply.state == ModelState.WARM, reply
+        warm_at = next(e.unix_ms for e in obs.events if e.command_id == reply.command_id
+                       and e.to_state == ModelState.WARM)
+        results = {r.request_id: await obs.result(r.request_id, timeout_s=120) for r in reqs}
+        assert dispatcher.health_detail()["decodes_moved"] == str(len(on_a))
+    finally:
+        dispatcher.stopped.set()
+        await asyncio.gather(task, return_exceptions=True)
+        for worker, instance in ((B, prefill), (A, decode_a), (B, decode_b)):
+            await _command(bus, worker, instance, LifecycleAction.COLD)
+    for req in reqs:
+        tokens, end = results[req.request_id]
+        assert isinstance(end, RequestDone) and len(tokens) == 500 and end.instance_id == decode_b, end
+        chunks = sorted(obs.streams[req.request_id], key=lambda e: e.seq)
+        assert [e.seq for e in chunks] == list(range(len(chunks)))
+    last_chunk = max(e.emitted_unix_ms for r in on_a for e in obs.streams[r.request_id] if isinstance(e, TokenChunk))
+    assert warm_at < last_chunk  # A left before the decodes it held had ended
+    assert {p.handed_over_to_instance_id for p in obs.prefills if p.instance_id == decode_a
+            and p.handed_over_to_instance_id} == {decode_b}

@@ -24,6 +24,7 @@ FORBIDDEN_PUBLISH = [
     ("worker", "janus.req.demo"),
     ("gateway", "janus.worker.w1.cmd"),
     ("gateway", "janus.worker.w1.run"),
+    ("gateway", "janus.worker.w1.move"),  # only the dispatcher moves decodes off a draining instance
     ("gateway", "janus.plan.steady"),
     ("gateway", "janus.event.outcome"),  # a forged outcome would skew the attainment the planners act on
     ("dispatcher", "janus.worker.w1.cmd"),
@@ -32,10 +33,12 @@ FORBIDDEN_PUBLISH = [
     ("elastic-scaler", "janus.plan.steady"),
     ("operator", "janus.worker.w1.cmd"),
     ("operator", "janus.req.demo"),
+    ("operator", "janus.worker.w1.move"),
 ]
 ALLOWED_PUBLISH = [
     ("gateway", "janus.req.demo"),
     ("dispatcher", "janus.worker.w1.run"),
+    ("dispatcher", "janus.worker.w1.move"),
     ("reconciler", "janus.worker.w1.cmd"),
     ("reconciler", "janus.plan.action"),
     ("reconciler", "janus.plan.status"),

@@ -147,11 +147,9 @@ class PrefillDecodeFlow:
             await host.bus.request(subjects.worker_run(target.decode_worker_id), handoff, KVTarget,
                                   timeout_s=HANDOFF_TIMEOUT_S)
         except BusError as exc:
-            if exc.error.code == ErrorCode.TIMEOUT:  # D may have taken it: two streams must never interleave
-                engine.release_kv_blocks(rid)
-                await host.send(track, [failure(track, ErrorInfo(
-                    code=ErrorCode.INSTANCE_FAILED, retryable=False,
-                    message=f"decode instance {target.decode_instance_id} did not answer the hand-over"))])
+            if exc.error.code == ErrorCode.TIMEOUT:
+                await end_unanswered(host, track, engine, f"decode instance {target.decode_instance_id} did not "
+                                     "answer the hand-over")
                 return
             log.warning("%s: hand-over of %s refused (%s): decoding here", host.worker_id, rid, exc.error.message)
             await self._continue_here(track, out, engine, req, first_token)
@@ -207,22 +205,24 @@ class PrefillDecodeFlow:
         if not inst.is_ready:
             raise BusError.of(ErrorCode.NO_INSTANCE, f"{inst.instance_id} is {inst.state.value}", retryable=True)
         engine = inst.engine
+        # a moved decode brings the KV of its tokens so far too (all but the last, which has none yet)
+        num_kv_tokens = req.num_prompt_tokens + (len(run.moved.output_token_ids) - 1 if run.moved else 0)
         earlier = inst.reservations.get(req.request_id)
-        if earlier is not None and earlier.num_prompt_tokens == req.num_prompt_tokens:
+        if earlier is not None and earlier.num_prompt_tokens == num_kv_tokens and run.moved is None:
             earlier.created_monotonic_s = time.monotonic()
             return earlier.target  # a re-dispatch after a hand-back: the blocks were never written, reuse them
         try:
-            blocks = engine.reserve_kv_blocks(req.request_id, req.num_prompt_tokens)
+            blocks = engine.reserve_kv_blocks(req.request_id, num_kv_tokens)
         except ValueError as exc:
             raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
         if blocks is None:
             raise BusError.of(ErrorCode.OVERLOADED, f"{inst.instance_id} has no KV blocks for "
-                              f"{req.num_prompt_tokens} tokens now", retryable=True)
+                              f"{num_kv_tokens} tokens now", retryable=True)
         target = KVTarget(decode_worker_id=self.host.worker_id, decode_instance_id=inst.instance_id,
                           transfer_session=self.host.transfer.session if self.host.transfer else "",
                           block_offsets_bytes=engine.kv_block_global_offsets(blocks),
                           block_num_bytes=engine.kv_block_num_bytes)
-        inst.reservations[req.request_id] = Reservation(req.request_id, tuple(blocks), req.num_prompt_tokens, target,
+        inst.reservations[req.request_id] = Reservation(req.request_id, tuple(blocks), num_kv_tokens, target,
                                                         time.monotonic())
         return target
 
@@ -232,25 +232,33 @@ class PrefillDecodeFlow:
         if reservation is None:
             raise BusError.of(ErrorCode.INVALID_REQUEST, f"no KV reservation for {req.request_id} on "
                               f"{inst.instance_id}")
-        tokens = req.prompt_token_ids
-        if len(tokens) != reservation.num_prompt_tokens + 1:
-            raise BusError.of(ErrorCode.INVALID_REQUEST, "a hand-over carries the prompt and the first token")
-        prompt, first_token = list(tokens[:-1]), tokens[-1]
+        if run.moved is None:  # P/D: the prompt and the first token
+            tokens = req.prompt_token_ids
+            if len(tokens) != reservation.num_prompt_tokens + 1:
+                raise BusError.of(ErrorCode.INVALID_REQUEST, "a hand-over carries the prompt and the first token")
+            prompt, outputs = list(tokens[:-1]), [tokens[-1]]
+            # the hand-over's dispatched_unix_ms is when P emitted the first token: the first of the outcome's tokens
+            first_ms, next_seq = run.dispatched_unix_ms, 1
+            num_on_time = int(first_ms <= req.ttft_deadline_unix_ms)
+        else:  # a decode moving here (move_flow.py): the prompt, and where the stream stands
+            prompt, outputs = list(req.prompt_token_ids), list(run.moved.output_token_ids)
+            if len(prompt) + len(outputs) - 1 != reservation.num_prompt_tokens:
+                raise BusError.of(ErrorCode.INVALID_REQUEST, "the move does not match its reservation")
+            first_ms, next_seq = run.moved.first_token_unix_ms, run.moved.next_seq
+            num_on_time = run.moved.num_on_time_tokens
         try:
-            inst.engine.add_decode_request(req.request_id, prompt, first_token, req.sampling,
-                                           list(reservation.block_ids))
+            inst.engine.add_migrated_decode(req.request_id, prompt, outputs, req.sampling,
+                                            list(reservation.block_ids))
         except ValueError as exc:
             raise BusError.of(ErrorCode.INVALID_REQUEST, str(exc)) from None
         del inst.reservations[req.request_id]
-        # the hand-over's dispatched_unix_ms is when P emitted the first token: the first of the outcome's tokens
-        first_ms = run.dispatched_unix_ms
         track = RequestTrack(request_id=req.request_id, model=req.model, instance_id=inst.instance_id,
                              reply_subject=req.reply_subject, num_prompt_tokens=len(prompt),
                              started_unix_ms=_now_ms(), want_logprobs=req.sampling.logprobs,
-                             next_seq=1, num_output_tokens=1, first_token_unix_ms=first_ms,
+                             next_seq=next_seq, num_output_tokens=len(outputs), first_token_unix_ms=first_ms,
                              ttft_deadline_unix_ms=req.ttft_deadline_unix_ms, tpot_slo_ms=req.tpot_slo_ms,
-                             num_on_time_tokens=int(first_ms <= req.ttft_deadline_unix_ms))
-        track.extra["phase"] = "decode"
+                             num_on_time_tokens=num_on_time)
+        track.extra.update(phase="decode", request=req.model_copy(update={"prompt_token_ids": tuple(prompt)}))
         self.host.track(inst, track)
         self.host.wake_engines()
         return reservation.target
@@ -269,6 +277,14 @@ class PrefillDecodeFlow:
             log.warning("%s: reservation of %s expired without a hand-over", self.host.worker_id, rid)
             self.release_reservation(inst, rid)
         return len(stale)
+
+
+async def end_unanswered(host: PrefillDecodeHost, track: RequestTrack, engine: Any, message: str) -> None:
+    """A hand-over that got no answer: the other side may have taken the request, and two streams must never
+    interleave, so it ends here with a clear error and its held blocks go."""
+    engine.release_kv_blocks(track.request_id)
+    await host.send(track, [failure(track, ErrorInfo(code=ErrorCode.INSTANCE_FAILED, retryable=False,
+                                                     message=message))])
 
 
 def _now_ms() -> float:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .config import EngineConfig, ModelConfig
 from .demo import DEMO_MODELS, DemoSpec, make_demo_models
-from .outputs import EngineOutput, EngineStats, StepRecord
+from .outputs import DetachedDecode, EngineOutput, EngineStats, StepRecord
 from runtime.tokenizer import IncrementalDetokenizer, TextTokenizer
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "DEMO_MODELS", "DemoSpec", "EngineConfig", "EngineOutput", "EngineStats", "IncrementalDetokenizer",
+    "DEMO_MODELS", "DemoSpec", "DetachedDecode", "EngineConfig", "EngineOutput", "EngineStats",
+    "IncrementalDetokenizer",
     "ModelConfig", "StepRecord", "TextTokenizer", "make_demo_models", *_LAZY,
 ]
 

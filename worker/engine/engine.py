@@ -38,6 +38,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stop import StopStringMatcher
 from .choices import ChoicesMixin
+from .migration import MigrationMixin
 from .pd import PrefillDecodeMixin
 from .verify import CanaryResult, WeightVerificationMixin
 from .weights import WeightLayout, load_checkpoint
@@ -61,7 +62,7 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> tor
     return dtype
 
 
-class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
+class LLMEngine(ChoicesMixin, PrefillDecodeMixin, MigrationMixin, WeightVerificationMixin):
     """A paged-KV inference engine for one Qwen2/Llama-family model in a local Hugging Face folder.
 
     `kv_source` / `weight_source` are the `worker.engine.memory` interfaces (xTensor on a worker); when None, plain
@@ -69,7 +70,8 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
     `load_weights=False` builds the engine without reading the checkpoint: its weight region is taken from the
     weight source but left unfilled (contents undefined) for the caller to fill (a fork's pull, a host copy) before
     any step; `reference_canary` is then the canary it must reproduce, if known.
-    P/D entry points: see `pd.PrefillDecodeMixin`; weight verification and `bind_weights`: `verify`.
+    P/D entry points: see `pd.PrefillDecodeMixin`; moving a running decode: `migration.MigrationMixin`; weight
+    verification and `bind_weights`: `verify`.
     """
 
     def __init__(
@@ -345,6 +347,10 @@ class LLMEngine(ChoicesMixin, PrefillDecodeMixin, WeightVerificationMixin):
                     outputs.append(self._fail_request(args[0], exc))
             elif kind == "abort":
                 outputs.extend(self._abort_now(args[0]))
+            elif kind == "detach":
+                outputs.extend(self._detach_now(*args))
+            elif kind == "reattach":
+                outputs.extend(self._reattach_now(args[0]))
         return outputs
 
     def _abort_now(self, request_id: str) -> list[EngineOutput]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from contracts.requests import SamplingParams
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -17,6 +19,9 @@ class EngineOutput:
     Prefill/decode disaggregation: a request added with `add_prefill_request` ends with one output where
     `is_prefill_done` is True and `kv_block_ids` lists the blocks holding its prompt's KV (kept until
     `release_kv_blocks`); `is_finished` stays False there unless the request already ended at its first token.
+
+    Moving a running decode (`migration`): `detach_decode` yields one output with `detached` set and no tokens, in
+    order after the request's last tokens here; its blocks are held until `release_kv_blocks` or `reattach_decode`.
 
     finish_reason "error": something failed while serving this one request (setting up its sampler or stop
     matching, detokenising its token); it ended alone with `error` saying what, and the engine goes on.
@@ -37,6 +42,24 @@ class EngineOutput:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # per token: (id, logprob) alternatives
     index: int = 0  # n > 1: which sample (choice) of the request
     choice_finish_reason: FinishReason | None = None  # this sample ended (the request only once all have)
+    detached: "DetachedDecode | None" = None
+
+
+@dataclass(frozen=True)
+class DetachedDecode:
+    """A decode taken off its engine to move (`LLMEngine.detach_decode`), its KV held until `release_kv_blocks` or
+    `reattach_decode`."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]  # every token sampled so far; the last one has no KV yet
+    kv_block_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Tokens whose KV the blocks hold (and a target must reserve): the prompt and all outputs but the last."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - 1
 
 
 @dataclass(frozen=True)

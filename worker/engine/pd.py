@@ -45,6 +45,12 @@ class PrefillDecodeMixin:
         self._inbox.append(("add", seq))
 
     def _hold(self, seq: Sequence, token: int, text: str, logprobs, **extra) -> EngineOutput:
+        self._park_held(seq)
+        return self._output(seq, (token,), text, logprobs, None, is_prefill_done=True,
+                            kv_block_ids=tuple(seq.block_ids), **extra)
+
+    def _park_held(self, seq: Sequence) -> None:
+        """Out of the batch, its blocks kept for a transfer (a finished prefill, or a decode that moves)."""
         rid = seq.request_id
         self.scheduler.remove(seq)
         seq.status = SequenceStatus.HELD
@@ -52,8 +58,6 @@ class PrefillDecodeMixin:
         self._seqs.pop(rid, None)
         self._streams.pop(rid, None)
         self.sampler.remove_request(rid)
-        return self._output(seq, (token,), text, logprobs, None, is_prefill_done=True,
-                            kv_block_ids=tuple(seq.block_ids), **extra)
 
     def release_kv_blocks(self, request_id: str) -> None:
         """Free a held prefill's blocks (after the transfer) or an unused reservation. Unknown ids are ignored."""
@@ -91,42 +95,30 @@ class PrefillDecodeMixin:
         block_ids: Seq[int],
     ) -> None:
         """Continue a request whose prompt KV another instance wrote into `block_ids` (as returned by
-        `reserve_kv_blocks` for this request) and whose first token it sampled."""
+        `reserve_kv_blocks` for this request) and whose first token it sampled (`migration`'s one-token case)."""
         _colocated_only(sampling)
-        prompt = self._validate(request_id, prompt_token_ids, sampling)
         if not 0 <= int(first_token_id) < self.model_config.vocab_size:
             raise ValueError("first_token_id is outside the vocabulary")
-        with self._lock:
-            reserved = self._reserved.get(request_id)
-            if reserved is None or list(block_ids) != reserved:
-                raise ValueError("block_ids must be the blocks reserve_kv_blocks returned for this request")
-            if len(reserved) < self.block_manager.num_blocks_for(len(prompt)):
-                raise ValueError(f"{len(reserved)} blocks cannot hold a {len(prompt)}-token prompt")
-            self._claim_id(request_id)
-            del self._reserved[request_id]
-        seq = Sequence(
-            request_id=request_id, token_ids=prompt + [int(first_token_id)], num_prompt_tokens=len(prompt),
-            sampling=sampling, arrival_s=0.0, num_computed_tokens=len(prompt), block_ids=list(reserved),
-            num_inherited_output_tokens=1,
-            # its prompt KV came over the wire: a faulty transfer must not be served to other requests as a hit
-            is_prefix_cacheable=False,
-        )
-        self._inbox.append(("add_decode", seq))
+        self.add_migrated_decode(request_id, prompt_token_ids, [int(first_token_id)], sampling, block_ids)
 
     def _admit_decode(self, seq: Sequence) -> list[EngineOutput]:
-        """Start decoding a handed-over request, or end it here when its inherited first token already ends it
-        (max_tokens 1, a stop token or string, max_model_len): then it never enters the scheduler."""
+        """Start decoding a handed-over (or moved, or reattached) request, or end it here when its last inherited
+        token already ends it (max_tokens, a stop token or string, max_model_len): then it never enters the
+        scheduler. The inherited tokens were streamed where they were sampled; the text stream is rebuilt from
+        them so that it holds back what that instance held back."""
         seq.arrival_s = time.monotonic()
         self._register(seq)
-        first = seq.token_ids[-1]
+        inherited = seq.token_ids[seq.num_prompt_tokens:]
+        last = inherited[-1]
         stream = self._streams[seq.request_id]
-        is_stop_token = self._is_stop_token(first, seq.sampling)
-        if not is_stop_token:
-            stream.stop.push(stream.detokenizer.feed([first]))  # already streamed by the prefill instance
+        is_stop_token = self._is_stop_token(last, seq.sampling)
+        fed = inherited if not is_stop_token else inherited[:-1]  # a stop token's text is never streamed
+        if fed:
+            stream.stop.push(stream.detokenizer.feed(fed))
         reason = None
         if is_stop_token or stream.stop.is_stopped:
             reason = "stop"
-        elif seq.sampling.max_tokens <= 1 or seq.num_tokens >= self.max_model_len:
+        elif seq.num_output_tokens >= seq.sampling.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is None:
             self.scheduler.add(seq)

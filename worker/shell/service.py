@@ -22,6 +22,7 @@ from contracts import (
     ErrorCode,
     ErrorInfo,
     HoldsQuery,
+    MoveDecodes,
     InstanceRecord,
     InstanceRole,
     LifecycleAction,
@@ -55,6 +56,7 @@ from ..lifecycle.controller import LifecycleController
 from ..lifecycle.instance import ModelInstance
 from ..lifecycle.parking import SteppedEngine
 from .metrics import observe_heartbeat, observe_prefix_cache, observe_transition
+from ..dataplane.move_flow import DecodeMoveFlow
 from ..dataplane.pd_flow import PrefillDecodeFlow
 from .process_env import configure_worker_process
 from ..dataplane.resend import ResendServer
@@ -80,6 +82,7 @@ class WorkerService(Service):
         self.commands = CommandBook()
         self.fence = EpochFence()  # the newest reconciler epoch seen: older commands are refused
         self.pd = PrefillDecodeFlow(self)
+        self.moves = DecodeMoveFlow(self)
         self._tracks: dict[str, RequestTrack] = {}
         self.stream_log = StreamLog()  # what was streamed, for gateways that lost some of it (resend)
         self.resends = ResendServer(self)
@@ -115,6 +118,7 @@ class WorkerService(Service):
         await bus.subscribe(subjects.worker_cmd(self.worker_id), LifecycleCommand, self._on_command)
         await bus.serve(subjects.worker_resend(self.worker_id), ResendRequest, self.resends.answer)
         await bus.serve(subjects.worker_holds(self.worker_id), HoldsQuery, self.resends.holds)
+        await bus.serve(subjects.worker_move(self.worker_id), MoveDecodes, self.moves.on_move)
         self._tasks.append(asyncio.create_task(self._publish_outputs()))
         # alive from the first moment: loading takes seconds, and a silent worker with records is a dead one
         self._tasks.append(asyncio.create_task(self._heartbeat_forever()))
@@ -354,6 +358,7 @@ class WorkerService(Service):
             await self._hand_back(track)
             return
         track.span = self._tracer.start_span("worker generate", kind=SpanKind.INTERNAL)
+        track.extra["request"] = req  # a running decode that moves takes its request along (move_flow.py)
         self.track(inst, track)
         if run.phase == "prefill":
             # asks the decode worker first: off this subscription, which must keep taking messages (maybe that
@@ -408,6 +413,9 @@ class WorkerService(Service):
                 for out in outputs:
                     track = self._tracks.get(out.request_id)
                     if track is None or track.is_finished:
+                        continue
+                    if getattr(out, "detached", None) is not None:  # out of its batch to move; all else was sent
+                        self.moves.on_detached(track, out)
                         continue
                     if track.extra.get("phase") == "prefill" and out.token_ids:
                         await self.pd.on_prefill_output(track, out, now)

@@ -9,18 +9,9 @@ import pytest
 from contracts.requests import SamplingParams
 from worker.engine import EngineConfig, LLMEngine, PlainKVPageSource
 
-PROMPT = [(i * 37 + 11) % 1000 + 3 for i in range(21)]
-
-
-def _greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw)
-
-
-def _run(engine):
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs
+from .pd_helpers import PROMPT
+from .pd_helpers import greedy as _greedy
+from .pd_helpers import run_to_end as _run
 
 
 @pytest.fixture(scope="module")
