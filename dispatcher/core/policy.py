@@ -129,7 +129,8 @@ class DispatchPolicy(BaseModel):
         "(ElasticScaler.wake)"
     )
     # Moving decodes off draining decode instances (moves.py; the workers carry the moves out: worker/dataplane/
-    # move_flow.py). Off by default until measured over the learned runs (docs/bench/sim.md, run 56).
+    # move_flow.py). Off by default: 7-8 % fewer device-hours for the clairvoyant Janus, but the learned one met its
+    # goals less often over six runs (docs/bench/sim.md, run 56).
     moves_draining_decodes: bool = Field(
         default=False, description="a decode instance draining for move_after_draining_ms moves its running "
         "decodes to active instances of its model with room, so that its devices free before its longest "
