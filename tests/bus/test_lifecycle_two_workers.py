@@ -582,7 +582,7 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
 async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(cluster, nats_url, demo_models_dir):
     """P/D with a real dispatcher (`moves_draining_decodes` on): a prefill instance on B, a decode instance on each
     worker. While the requests decode, A's decode instance is told to go warm; the dispatcher sees it draining in
-    A's heartbeat and orders its decodes to B's decode instance. Every request ends on B with all its tokens, and A
+    A's heartbeat and orders its decodes to B's decode instance (at once: `move_after_draining_ms` 0 here). Every request ends on B with all its tokens, and A
     goes warm long before they end."""
     from dispatcher.service import DispatcherService
     from runtime.service import run_service
@@ -597,7 +597,7 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
         reply = await _command(bus, worker, instance, LifecycleAction.ACTIVATE, role=role, pool=Pool.ELASTIC)
         assert reply.ok and reply.state == ModelState.ACTIVE, reply
     cluster_config = ClusterConfig.model_validate({**yaml.safe_load(config.read_text()), "dispatcher": {
-        "moves_draining_decodes": True, "move_after_draining_ms": 300.0}})
+        "moves_draining_decodes": True, "move_after_draining_ms": 0.0}})  # at A's first DRAINING heartbeat
     dispatcher = DispatcherService(JanusSettings(nats_url=nats_url, instance="lc-mover",
                                                  state_dir=demo_models_dir.parent), cluster_config)
     task = asyncio.create_task(run_service(dispatcher, install_signals=False))
@@ -605,7 +605,8 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
         await wait_for(lambda: {prefill, decode_a, decode_b} <= {r.instance_id for r in dispatcher._records.values()
                                                                 if r.is_ready}, timeout_s=30, tasks=[task],
                        what="the P/D instances ready in the dispatcher's registry")
-        reqs = [_request([5 + i, 8, 13, 21, 34], max_tokens=500) for i in range(4)]
+        # long enough to be decoding still when A's next heartbeat (0.5 s) says it drains, on an idle machine too
+        reqs = [_request([5 + i, 8, 13, 21, 34], max_tokens=2000) for i in range(4)]
         for req in reqs:
             ack = await bus.request(subjects.req(MODEL), req, SubmitAck, timeout_s=5)
             assert ack.status == "queued", ack
@@ -626,7 +627,7 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
             await _command(bus, worker, instance, LifecycleAction.COLD)
     for req in reqs:
         tokens, end = results[req.request_id]
-        assert isinstance(end, RequestDone) and len(tokens) == 500 and end.instance_id == decode_b, end
+        assert isinstance(end, RequestDone) and len(tokens) == 2000 and end.instance_id == decode_b, end
         chunks = sorted(obs.streams[req.request_id], key=lambda e: e.seq)
         assert [e.seq for e in chunks] == list(range(len(chunks)))
     last_chunk = max(e.emitted_unix_ms for r in on_a for e in obs.streams[r.request_id] if isinstance(e, TokenChunk))
