@@ -351,22 +351,17 @@ class Sim:
         stopped being ready meanwhile takes nothing: those decodes stay (the worker's refused move)."""
         orders, inst.moves_out = inst.moves_out, []
         table = self.table
-        longest_first = sorted(inst.finish_heap, key=lambda e: table.join_round[e[1]])
-        k = 0
-        for target, num_requests in orders:
-            if target.executor is None or not target.is_ready:
-                continue
-            for _ in range(num_requests):
-                if k == len(longest_first):
-                    return
-                request = longest_first[k][1]
-                k += 1
-                num_emitted = inst.executor.take_out(inst, request)
-                target.num_in_flight += 1
-                self.num_decodes_moved += 1
-                transfer_s = inst.cost.kv_transfer_s(int(table.input_tokens[request]) + num_emitted,
-                                                     self.link_bytes_per_s)
-                self.at(now_s + transfer_s, lambda t, d=target, r=request, n=num_emitted: self._moved_in(d, r, n, t))
+        longest_first = iter(r for _, r in sorted(inst.finish_heap, key=lambda e: table.join_round[e[1]]))
+        moving = [(target, request) for target, num_requests in orders if target.executor is not None
+                  and target.is_ready for _, request in zip(range(num_requests), longest_first)]
+        if not moving:
+            return
+        emitted = inst.executor.take_out(inst, [request for _, request in moving])
+        self.num_decodes_moved += len(moving)
+        for (target, request), num_emitted in zip(moving, emitted):
+            target.num_in_flight += 1
+            transfer_s = inst.cost.kv_transfer_s(int(table.input_tokens[request]) + num_emitted, self.link_bytes_per_s)
+            self.at(now_s + transfer_s, lambda t, d=target, r=request, n=num_emitted: self._moved_in(d, r, n, t))
 
     def _moved_in(self, target: SimInstance, request: int, num_emitted: int, now_s: float) -> None:
         if target.executor is None:  # gone while the KV crossed: the stream breaks (live, a timed-out hand-over)

@@ -351,20 +351,24 @@ class Executor:
             if inst.is_draining and not inst.waiting and not inst.batch:
                 hooks.on_instance_idle(inst, now_s)
 
-    def take_out(self, inst: SimInstance, request: int) -> int:
-        """Take a running decode out of the instance's batch at a step boundary (it moves to another instance):
-        its tokens so far are scored here and its KV freed. Returns the decode tokens it emitted here."""
+    def take_out(self, inst: SimInstance, requests: list[int]) -> list[int]:
+        """Take running decodes out of the instance's batch at a step boundary (they move to another instance):
+        their tokens so far are scored here (one pass over the segments) and their KV freed, and the finish heap
+        is rebuilt once. Returns the decode tokens each emitted here."""
         table = inst.table
-        join = table.join_round[request]
-        num_on_time = _decode_counts(inst, [(request, table.join_seg[request], inst.segs.end)])[0]
-        table.num_on_time[request] += int(num_on_time)
-        inst.finish_heap = [e for e in inst.finish_heap if e[1] != request]
+        joins = [int(table.join_round[r]) for r in requests]
+        counts = _decode_counts(inst, [(r, table.join_seg[r], inst.segs.end) for r in requests])
+        for request, join, count in zip(requests, joins, counts.tolist()):
+            table.num_on_time[request] += int(count)
+            inst.ctx_base -= table.input_tokens[request] + 1 - join
+            self._release(inst, request)
+        leaving = set(requests)
+        inst.finish_heap = [e for e in inst.finish_heap if e[1] not in leaving]
         heapq.heapify(inst.finish_heap)
-        inst.batch -= 1
-        inst.ctx_base -= table.input_tokens[request] + 1 - join
-        self._release(inst, request)
-        inst.num_in_flight -= 1
-        return inst.rounds - join
+        inst.batch -= len(requests)
+        inst.num_in_flight -= len(requests)
+        return [inst.rounds - join for join in joins]
+
 
     def _release(self, inst: SimInstance, request: int) -> None:
         need = inst.kv_bytes(request)

@@ -48,9 +48,11 @@ class DecodeMover:
     def report(self, now_ms: float, heartbeat: WorkerHeartbeat) -> set[str]:
         """Read a heartbeat's decode instances; the models with a draining one (to plan for)."""
         models: set[str] = set()
-        listed = {status.instance_id for status in heartbeat.instances}
-        for iid in [i for i, e in self._draining.items() if e.worker_id == heartbeat.worker_id and i not in listed]:
-            del self._draining[iid]  # drained: gone from its worker's heartbeat
+        if self._draining:
+            listed = {status.instance_id for status in heartbeat.instances}
+            for iid in [i for i, e in self._draining.items() if e.worker_id == heartbeat.worker_id
+                        and i not in listed]:
+                del self._draining[iid]  # drained: gone from its worker's heartbeat
         for status in heartbeat.instances:
             if status.role != InstanceRole.DECODE:
                 continue

@@ -29,6 +29,7 @@ from typing import Sequence as Seq
 from contracts.requests import SamplingParams
 
 from .outputs import DetachedDecode, EngineOutput
+from .pd import _colocated_only
 from .sequence import Sequence, SequenceStatus
 
 
@@ -85,8 +86,7 @@ class MigrationMixin:
         """Continue a request another instance decoded so far: `output_token_ids` are its tokens (streamed
         there), and the KV of the prompt and of all of them but the last was written into `block_ids` (as
         `reserve_kv_blocks` returned them for this request). P/D's hand-over is the case of one output token."""
-        if sampling.n > 1:
-            raise ValueError("n > 1 is served by colocated instances only (its samples share the prompt's KV blocks)")
+        _colocated_only(sampling)
         prompt = self._validate(request_id, prompt_token_ids, sampling)
         outputs = [int(t) for t in output_token_ids]
         if not outputs:

@@ -96,7 +96,6 @@ class PrefillDecodeMixin:
     ) -> None:
         """Continue a request whose prompt KV another instance wrote into `block_ids` (as returned by
         `reserve_kv_blocks` for this request) and whose first token it sampled (`migration`'s one-token case)."""
-        _colocated_only(sampling)
         if not 0 <= int(first_token_id) < self.model_config.vocab_size:
             raise ValueError("first_token_id is outside the vocabulary")
         self.add_migrated_decode(request_id, prompt_token_ids, [int(first_token_id)], sampling, block_ids)
