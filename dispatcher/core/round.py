@@ -268,12 +268,14 @@ def _plan_lone_on_time_job(now_ms: float, job: Job, available_ms: list[float], r
         decision.commits.append((chosen, 0, float(column[chosen])))  # near free: it takes the job now
     elif policy.is_work_conserving:
         # A near-free instance would plan nothing this round: the earliest-free one (ties: the lowest index) that
-        # makes the deadline takes the job from the far one.
+        # makes the deadline takes the job from the far one, unless the far one holds more of its prefix and gives
+        # the earlier first token; then the next near-free one is asked, as the general path asks each in turn.
         taker = None
         for i, available in enumerate(available_ms):
             if (available <= horizon_ms and available + column[i] <= due_ms + FEASIBILITY_EPS_MS
-                    and (taker is None or available < available_ms[taker])):
+                    and (taker is None or available < available_ms[taker])
+                    and not (affinity and affinity.waits_for_holder(0, chosen, i, available_ms, rows))):
                 taker = i
-        if taker is not None and not (affinity and affinity.waits_for_holder(0, chosen, taker, available_ms, rows)):
+        if taker is not None:
             decision.commits.append((taker, 0, float(column[taker])))
     return decision

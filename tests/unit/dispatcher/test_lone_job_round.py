@@ -88,3 +88,20 @@ def test_instances_sharing_one_row_decide_as_separate_rows(now_ms, offsets_ms, j
     separate = [list(r) for r in shared]
     decisions = [plan_round(now_ms, job_list, available_ms, p, policy) for p in (matrix, shared, separate)]
     assert decisions[0] == decisions[1] == decisions[2]
+
+
+def test_a_near_free_instance_the_holder_beats_passes_the_job_to_the_next_one():
+    # Instances 0-3 free now, 4 (holding the prefix) at 1 ms; the prompt takes 3 ms on 0 and 1 ms elsewhere. The
+    # holder's first token (2 ms) beats instance 0's (3 ms) but not instance 1's (1 ms): instance 1 takes it, on both
+    # paths (the shortcut used to ask instance 0 alone and leave the job queued).
+    policy = DispatchPolicy(deadline_margin_frac=0.0, lookahead_ms=0.0, is_late_binding=True, is_work_conserving=True,
+                            overload=OverloadPolicy.REJECT)
+    available_ms = [0.0, 0.0, 0.0, 0.0, 1.0]
+    proc_ms = np.array([[3.0], [1.0], [1.0], [1.0], [1.0]])
+    job = Job.from_request(request("r", 0.0, slo_ms=3.0))
+    affinity = Affinity({0: {4: 16}})
+    shortcut = plan_round(0.0, [job], available_ms, proc_ms, policy, affinity)
+    assert shortcut.commits == [(1, 0, 1.0)]
+    general = plan_round_general(0.0, [job], available_ms, proc_ms, policy, affinity)
+    _move_to_holders(0.0, general, [job], available_ms, [row.tolist() for row in proc_ms], policy, affinity)
+    assert shortcut == general
