@@ -282,7 +282,10 @@ class Oracle:
             raw_means, raw_stds = predict(True)
             is_latent = self.policy.elasticity_bound_std == "latent"
             bound_stds = predict(not is_latent, query.k_sigma)[1]
-            means, bounds = monotone_attainment(raw_means, bound_stds, query.k_sigma)
+            latent_stds = bound_stds if is_latent or self.policy.monotone_mean != "isotonic" \
+                else predict(False, query.k_sigma)[1]
+            means, bounds = monotone_attainment(raw_means, bound_stds, query.k_sigma, self.policy.monotone_mean,
+                                                latent_stds)
             for row, key in enumerate(group):
                 item = missing[key]
                 if self._is_past_lengths(self._elasticity[item.model], item.features):

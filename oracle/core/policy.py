@@ -61,6 +61,13 @@ class OraclePolicy:
     # device-hours in 6 / 7 / 8 runs of 9, the prior in 7 / 6 / 6, on the same mean device-hours: pooled takes
     # seed 1 from 1.05-1.06x to 1.03-1.04x the clairvoyant (docs/oracle.md, "Past the trained counts").
     past_trained_replicas: Literal["pooled", "prior"] = "pooled"
+    # How the GP's mean over m = 1..M is made non-decreasing (oracle/core/monotone.py): "isotonic" is the
+    # least-squares non-decreasing fit weighted by each count's precision (1 / latent std^2), so a dip where the GP
+    # is unsure (std 0.07-0.15 between counts it has data at) barely moves the counts it is sure of; "midpoint" (the
+    # mean of the running max from below and the running min from above) let that dip pull every count below it
+    # under the target, and the scaler's m* for the headline's biggest 32B app jumped between ~35 and ~230 at
+    # the same load (docs/bench/sim.md run 57).
+    monotone_mean: Literal["isotonic", "midpoint"] = "isotonic"
 
     # Keys of the cluster YAML's `oracle` section that are the oracle service's own settings, not policy knobs
     SERVICE_KEYS: ClassVar[frozenset[str]] = frozenset({"training_sets", "drift_windows", "drift_k_sigma"})
@@ -99,6 +106,8 @@ class OraclePolicy:
                              "min_telemetry_requests >= 1")
         if self.past_trained_replicas not in ("pooled", "prior"):
             raise ValueError(f"OraclePolicy: past_trained_replicas pooled or prior, got {self.past_trained_replicas!r}")
+        if self.monotone_mean not in ("isotonic", "midpoint"):
+            raise ValueError(f"OraclePolicy: monotone_mean isotonic or midpoint, got {self.monotone_mean!r}")
         if self.profile_max_replicas < 1:
             raise ValueError(f"OraclePolicy: profile_max_replicas >= 1, got {self.profile_max_replicas!r}")
         if not 0 < self.logit_clip < 0.5 or self.need_floor <= 0:
