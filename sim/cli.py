@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="systems simulated at once")
     p.add_argument("--bin-s", type=float, default=10.0, help="time bin of the plots")
     p.add_argument("--out", default="artifacts/sim", help="folder for summary.json and figure.png")
+    p.add_argument("--watch", metavar="APP", help="headline: one app's plans, instances and requests, to "
+                   "OUT/watch-APP-SYSTEM.json, and its bursts as a table (APP: its name or a prefix only it has; "
+                   "sim/watch.py)")
     p.add_argument("--compare", nargs="+", type=Path, default=None, metavar="DIR",
                    help="simulate nothing: compare the runs written under these --out folders (headline figures, "
                    "where their device-hours went by model and role, the apps that moved most)")
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     policy = run_policy(args.config)
     if args.experiment != "headline":
+        if args.watch:
+            build_parser().error("--watch: the headline's only (no --experiment)")
         from .experiments.ablation import main as experiment
 
         if args.systems == ",".join(SYSTEM_NAMES):  # not given: the experiment's own four
@@ -106,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
                         device_effects=args.device_effects, oracle=args.oracle, refit_wall_s=args.refit_wall_s)
     console = Console() if Console().is_terminal else Console(width=170)
     trace = spec.build_trace()
+    extra = None
+    if args.watch:
+        import functools
+
+        from .watch import resolve_app, watch_extra
+
+        try:
+            resolve_app(trace.app_names, args.watch)
+        except ValueError as e:
+            build_parser().error(str(e))
+        extra = functools.partial(watch_extra, args.watch)
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "
                   f"{trace.duration_s:.0f} s of trace on {args.devices} x {args.device}; systems: "
                   f"{', '.join(systems)}")
@@ -141,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = {s: progress.add_task(s, total=trace.num_requests) for s in systems}
         results = run_many(spec, systems, processes=args.processes, bin_s=args.bin_s,
                            on_progress=lambda s, i, n: (progress.update(tasks[s], completed=i),
-                                                        log_progress(s, i, n)))
+                                                        log_progress(s, i, n)), extra=extra)
         for s in systems:
             progress.update(tasks[s], completed=trace.num_requests)
     wall_s = time.perf_counter() - start
@@ -157,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = dict(vars(args), config=str(args.config) if args.config else None, wall_s=wall_s,
                 num_requests=trace.num_requests, policy=policy, oracle_profiles=profiles)
     paths = write_outputs(results, Path(args.out), meta)
+    if args.watch:
+        from .watch import write_watch
+
+        paths += write_watch(results, Path(args.out), console)
     console.print(f"{wall_s:.0f} s in all; wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0
 

@@ -80,6 +80,7 @@ class Sim:
         self.on_done: Callable[[int, float], None] | None = None
         self._next_instance = 0
         self.lifecycle_log: list[tuple[float, str, str, str]] = []  # (time, instance, event, detail)
+        self.app_of_instance: dict[str, int] = {}  # every instance launched, gone or not (for `janus sim --watch`)
         self.effects = effects if effects is not None and not effects.is_off else None
         self._num_executors = 0
         # told of every instance that became ready or left (a fleet port reports them to the reconciler)
@@ -208,6 +209,7 @@ class Sim:
         self.ledger.changing(executor, now_s)
         executor.add(inst)
         self.instances[inst.instance_id] = inst
+        self.app_of_instance[inst.instance_id] = app
         self.instances_by_app.setdefault(app, []).append(inst)
         self.devices_log.record(now_s, len(self.executor_of_device))
         self.lifecycle_log.append((now_s, inst.instance_id, "launch", f"{via} {load_s:.3f}s on {device_ids}"))

@@ -40,6 +40,11 @@ class RunResult:
     # device-seconds per (app, role, pool) over the trace's span (sim.device_ledger); a system charged for devices
     # it reserved without an instance on them (Prism-like's fixed pool) has its reserve under RESERVED
     device_seconds_by_kind: dict = field(default_factory=dict)
+    # for an `extra` hook that tells one app's story (sim/watch.py): the simulator's lifecycle events, which app each
+    # instance served, and the control plane's plans (a Janus system's; empty for the others)
+    lifecycle_log: list = field(default_factory=list)
+    app_of_instance: dict = field(default_factory=dict)
+    plans: list = field(default_factory=list)
 
 
 class ControlPlane:
@@ -173,7 +178,8 @@ class SystemRun:
         if reserved_s > 1e-6 * max(1.0, summary.device_hours * 3600.0):
             by_kind[RESERVED] = reserved_s
         return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters,
-                         self.dispatch.rejections, by_kind)
+                         self.dispatch.rejections, by_kind, self.sim.lifecycle_log, self.sim.app_of_instance,
+                         getattr(self.control, "plans", []))
 
 
 def initial_features(scenario: Scenario, window_s: float = 30.0):
