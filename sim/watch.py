@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts import ElasticPlan, SteadyPlan
+
 # Arrivals further apart than this start a new burst: longer than a 5 s load window and the scaler's reaction to it.
 BURST_GAP_S = 20.0
 
@@ -42,7 +44,7 @@ def plan_story(plans, model: str) -> list[dict]:
     last_target, last_steady = None, None
     for plan in plans:
         t_s = round(plan.created_unix_ms / 1e3, 3)
-        if hasattr(plan, "targets"):  # an elastic plan (a tick's, or a wake's)
+        if isinstance(plan, ElasticPlan):  # a tick's, or a wake's
             target = next((t for t in plan.targets if t.model == model), None)
             key = None if target is None else (target.num_prefill, target.num_decode, target.desired_replicas)
             if key != last_target:
@@ -50,7 +52,7 @@ def plan_story(plans, model: str) -> list[dict]:
                 out.append({"t_s": t_s, "plan": "elastic", "num_prefill": key[0] if key else 0,
                             "num_decode": key[1] if key else 0, "desired_replicas": key[2] if key else 0,
                             "is_debounced": plan.is_debounced, "reason": target.reason if target else "no target"})
-        elif hasattr(plan, "bins"):
+        elif isinstance(plan, SteadyPlan):
             pool = "steady" if model in plan.steady_models else "elastic" if model in plan.elastic_models else "-"
             workers = sorted(b.worker_id for b in plan.bins if model in b.models)
             if (pool, workers) != last_steady:
