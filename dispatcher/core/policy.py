@@ -78,7 +78,8 @@ class DispatchPolicy(BaseModel):
         description="requeue: each relaxation moves the deadline out by this many TTFT SLOs (d - a)",
     )
     max_num_relaxations: int = Field(
-        default=2, ge=1, description="requeue: after this many relaxations a still-infeasible request is rejected"
+        default=2, ge=1, description="requeue: after this many relaxations a still-infeasible request is rejected "
+        "(one whose prefill alone is longer than the whole wait is served late instead: docs/dispatcher.md)",
     )
     max_num_attempts: int = Field(
         default=3,

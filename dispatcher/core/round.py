@@ -7,6 +7,11 @@ moved in by a safety margin (deadline_margin_frac of the TTFT SLO, for predictio
 in time meets the overload policy: rejected at once, or relaxed (requeue) and so late. Then the late requests, on the
 time the first pass left over, so late work never displaces a request that can still be on time.
 
+Oversized requests. A request whose predicted prefill alone, on the fastest instance, is longer than all the wait its
+SLO and relaxations allow could not be on time even on an idle instance: refusing it would refuse it on every retry.
+It is served late instead, its deadline counted from when its prefill could at best be done (moved out by that
+prefill); it is refused only if it still waits past that, as any late request is.
+
 Committing (late binding). Only instances within lookahead_ms of free get work now; everything else stays queued and
 is planned again on the next round, with the EPDTs corrected by the completions in between. A near-free instance
 gets its whole on-time subset. With is_work_conserving, one that LST-IMH left empty takes the most urgent on-time
@@ -56,6 +61,15 @@ class Affinity:
         holder gives it the earlier first token (its cached tokens are not computed again)."""
         return (self.holds_more(k, holder, taker)
                 and available_ms[holder] + rows[holder][k] < available_ms[taker] + rows[taker][k])
+
+
+def _relaxed_budget_ms(job: Job, policy: DispatchPolicy) -> float:
+    """How long past its (plan) arrival a job may have its first token at the latest: its SLO, every relaxation the
+    policy allows, less the planning margin."""
+    slo_ms = job.request.ttft_slo_ms
+    step_ms = policy.relaxation_factor * slo_ms
+    num_steps = policy.max_num_relaxations if policy.overload == OverloadPolicy.REQUEUE and step_ms > 0 else 0
+    return slo_ms + num_steps * step_ms - policy.deadline_margin_frac * slo_ms
 
 
 def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchPolicy) -> tuple[float, int] | None:
@@ -174,25 +188,32 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
 
     on_time_rows = rows if len(on_time) == len(jobs) else _columns(rows, on_time)
     plan_on_time = lst_imh_rows(available_ms, on_time_rows, [deadline[k] - margin_ms[k] for k in on_time])
+    distinct_rows = list({id(row): row for row in rows}.values()) if plan_on_time.unassigned or late else []
     for p in plan_on_time.unassigned:
         k = on_time[p]
         relaxed = _relax(jobs[k], deadline[k], num_relax[k], policy)
         if relaxed is None:
-            decision.rejected.append(k)
-            continue
+            if min(row[k] for row in distinct_rows) <= _relaxed_budget_ms(jobs[k], policy):
+                decision.rejected.append(k)
+                continue
+            relaxed = (deadline[k], num_relax[k])  # oversized: late as it is, never refused for its size
         deadline[k], num_relax[k] = relaxed
         decision.relaxed[k] = relaxed
         late.append(k)
 
     due = [d - m for d, m in zip(deadline, margin_ms)]
+    oversize_ms: dict[int, float] = {}
     if late:
+        fastest_ms = {k: min(row[k] for row in distinct_rows) for k in late}
+        for k in late:  # oversized (module docstring): its deadline moves out by its prefill
+            if fastest_ms[k] > _relaxed_budget_ms(jobs[k], policy):
+                oversize_ms[k] = fastest_ms[k]
+                due[k] += fastest_ms[k]
         # the late requests plan on the time the on-time plan leaves over (numpy's sum, as the matrix version had)
         planned_ms = [float(np.array([rows[i][on_time[p]] for p in picked]).sum()) if picked else 0.0
                       for i, picked in enumerate(plan_on_time.assigned)]
         plan_late = lst_imh_rows([a + s for a, s in zip(available_ms, planned_ms)], _columns(rows, late),
                                  [due[k] for k in late])
-        distinct_rows = list({id(row): row for row in rows}.values())
-        fastest_ms = {k: min(row[k] for row in distinct_rows) for k in late}
     else:  # the usual round: nothing late, and the instances' availabilities need not be shifted
         plan_late = LstImhPlan(assigned=((),) * num_instances, unassigned=())
         fastest_ms = {}
@@ -208,7 +229,7 @@ def plan_round_general(now_ms: float, jobs: list[Job], available_ms: list[float]
             if relaxed is None:
                 break
             deadline[k], num_relax[k] = relaxed
-            due[k] = deadline[k] - margin_ms[k]
+            due[k] = deadline[k] - margin_ms[k] + oversize_ms.get(k, 0.0)
             decision.relaxed[k] = relaxed
         if now_ms >= due[k] - fastest_ms[k]:
             decision.rejected.append(k)

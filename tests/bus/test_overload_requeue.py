@@ -16,6 +16,7 @@ comes from the dispatcher's own arithmetic, not from how fast anything ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -75,9 +76,9 @@ def _config(demo_models_dir: Path, dispatcher: dict) -> dict:
             "workers": {"engine": "echo"}, "dispatcher": dispatcher}
 
 
-async def _burst(nats_url: str, demo_models_dir: Path, dispatcher: dict,
-                 tag: str) -> list[tuple[float, httpx.Response]]:
-    """Start a one-worker cluster, send NUM_REQUESTS at once; (seconds until the answer, answer) for each."""
+@contextlib.asynccontextmanager
+async def _one_worker_cluster(nats_url: str, demo_models_dir: Path, dispatcher: dict, tag: str):
+    """A cluster of one SlowPrefillWorker, once the dispatcher routes to its instance; yields the gateway URL."""
     cluster = await start_cluster(nats_url, _config(demo_models_dir, dispatcher), demo_models_dir,
                                   worker_cls=SlowPrefillWorker, tag=tag)
     try:
@@ -85,16 +86,23 @@ async def _burst(nats_url: str, demo_models_dir: Path, dispatcher: dict,
         view = cluster.dispatcher.core._view
         await wait_until(lambda: {r.worker_id for r in view.prefill_instances(MODEL)} == {f"{tag}-worker-0"},
                          timeout_s=10, tasks=cluster.tasks)
+        yield cluster.url
+    finally:
+        await cluster.stop()
+
+
+async def _burst(nats_url: str, demo_models_dir: Path, dispatcher: dict,
+                 tag: str) -> list[tuple[float, httpx.Response]]:
+    """Start a one-worker cluster, send NUM_REQUESTS at once; (seconds until the answer, answer) for each."""
+    async with _one_worker_cluster(nats_url, demo_models_dir, dispatcher, tag) as url:
         limits = httpx.Limits(max_connections=NUM_REQUESTS + 4)
-        async with httpx.AsyncClient(base_url=cluster.url, timeout=60.0, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
             async def one() -> tuple[float, httpx.Response]:
                 started = time.monotonic()
                 r = await client.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
                 return time.monotonic() - started, r
 
             return await asyncio.gather(*(one() for _ in range(NUM_REQUESTS)))
-    finally:
-        await cluster.stop()
 
 
 def _check_refusal(r: httpx.Response) -> None:
@@ -144,6 +152,28 @@ async def test_reject_by_config_refuses_at_once(nats_url, demo_models_dir):
     # loaded machine the in-process cluster's event loop can fall seconds behind, and a straggler with it
     early = [t for t, _ in refused if t < BOUNDED_WAIT_S - CLOCK_SLACK_S]
     assert len(early) >= 0.8 * len(refused), sorted(t for t, _ in refused)
+
+
+# A prompt whose predicted prefill (at the rate the engine reports) is past the whole bounded wait: no instance could
+# ever give it its first token in time, idle or not (the engine itself still takes PREFILL_S).
+LONG_PROMPT = list(range(3, 3 + 400))
+LONG_PREFILL_S = len(LONG_PROMPT) * PREFILL_S / len(PROMPT)  # 3.75 s
+assert LONG_PREFILL_S > BOUNDED_WAIT_S + PREFILL_S
+
+
+@pytest.mark.parametrize("dispatcher", [{}, {"overload": "reject"}], ids=["requeue", "reject"])
+async def test_a_prompt_too_long_for_its_slo_is_served_late_not_refused(nats_url, demo_models_dir, dispatcher):
+    # It was a 503 `overloaded` on an idle cluster, and every retry got the same: now it is served, late.
+    tag = f"long-{dispatcher.get('overload', 'requeue')}"
+    async with _one_worker_cluster(nats_url, demo_models_dir, dispatcher, tag) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+            r = await client.post("/v1/completions", json={"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 3})
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(LONG_PROMPT), 3), usage
+            # a short prompt after it is served as before
+            r = await client.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+            assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("dispatcher,expected", [({}, "requeue"), ({"overload": "reject"}, "reject")])

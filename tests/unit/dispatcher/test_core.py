@@ -164,11 +164,56 @@ def test_late_work_never_displaces_a_request_that_can_be_on_time():
 
 
 def test_deadline_margin_leaves_room_for_prediction_error():
-    for margin, is_placed in ((0.05, False), (0.0, True)):
+    for margin, is_planned_on_time in ((0.05, False), (0.0, True)):
         core = make_core(deadline_margin_frac=margin)
         core.on_instances(0.0, [record("a")])
-        effects = core.on_request(0.0, request("r0", 0.0, tokens=9600))  # 960 ms of a 1000 ms SLO
-        assert bool(assigns(effects)) is is_placed
+        core.on_request(0.0, request("r0", 0.0, tokens=9000))  # a busy until 900
+        # 15 ms of wait + 940 ms of prefill: 955 ms of r1's 1000 ms SLO (its prefill alone fits in the margin's 950)
+        effects = core.on_request(885.0, request("r1", 885.0, tokens=9400))
+        if is_planned_on_time:
+            assert [(a.request_id, a.is_late) for a in assigns(effects)] == [("r1", False)]
+        else:  # within the margin of its deadline: refused (the overload policy here is reject)
+            assert [r.request_id for r in rejects(effects)] == ["r1"]
+
+
+def test_an_oversized_request_is_served_late_not_refused():
+    # 960 ms of prefill: more than the 950 ms a 1000 ms SLO leaves after the margin, so no instance could ever plan
+    # it on time. Refusing it would refuse it on every retry: it is served, late, by the idle instance.
+    core = make_core(overload=OverloadPolicy.REJECT)
+    core.on_instances(0.0, [record("a")])
+    effects = core.on_request(0.0, request("r0", 0.0, tokens=9600))
+    assert not rejects(effects)
+    assert [(a.request_id, a.instance_id, a.is_late) for a in assigns(effects)] == [("r0", "a", True)]
+    # Under requeue, one far past all its relaxations (2.95 SLOs): 4 s of prefill on a 1 s SLO, also served late.
+    core = make_core(overload=OverloadPolicy.REQUEUE)
+    core.on_instances(0.0, [record("a")])
+    effects = core.on_request(0.0, request("r1", 0.0, tokens=40_000))
+    assert not rejects(effects)
+    assert [(a.request_id, a.is_late) for a in assigns(effects)] == [("r1", True)]
+
+
+def test_an_oversized_request_still_has_a_bounded_wait():
+    # Its deadline moves out by its own prefill (4 s): behind 3 s of other work it waits, but no longer than a
+    # request of no size would, its relaxed deadline less the margin: 2950 ms after arrival, then it is refused.
+    core = make_core(overload=OverloadPolicy.REQUEUE, defers_rounds_until_near=False)
+    core.on_instances(0.0, [record("a")])
+    core.on_request(0.0, request("r0", 0.0, tokens=30_000, slo_ms=5000.0))  # a busy until 3000
+    effects = core.on_request(1.0, request("r1", 1.0, tokens=40_000))
+    assert not rejects(effects) and not assigns(effects)
+    assert core.next_wakeup_ms() == pytest.approx(1951.0)  # relaxed once, to 2001, as any request would be
+    (relaxed,) = [e for e in core.on_tick(1951.0) if isinstance(e, Relaxed)]
+    assert relaxed.ttft_deadline_ms == pytest.approx(3001.0) and relaxed.num_relaxations == 2
+    assert core.next_wakeup_ms() == pytest.approx(2951.0)
+    (reject,) = rejects(core.on_tick(2951.0))
+    assert reject.request_id == "r1" and reject.code == ErrorCode.OVERLOADED
+    # The same wait with a free instance sooner: served late when r0 finishes before r1 turns hopeless.
+    core = make_core(overload=OverloadPolicy.REQUEUE, defers_rounds_until_near=False)
+    core.on_instances(0.0, [record("a")])
+    core.on_request(0.0, request("r0", 0.0, tokens=20_000, slo_ms=5000.0))  # a busy until 2000
+    core.on_request(1.0, request("r1", 1.0, tokens=40_000))
+    core.on_prefill_done(2000.0, "a", "r0")
+    late = [a for a in assigns(core.on_tick(2000.0))] or [a for a in assigns(core.on_tick(core.next_wakeup_ms()))]
+    assert [(a.request_id, a.is_late) for a in late] == [("r1", True)]
 
 
 def test_late_binding_holds_work_until_lookahead_before_the_instance_frees():
@@ -420,7 +465,8 @@ def test_a_request_that_waited_for_the_first_instance_is_served_by_it_however_lo
     assert [w.ttft_attainment for w in windows] == [0.0]
     # a request arriving once the model has an instance keeps its own deadline: infeasible is refused as before
     if overload == OverloadPolicy.REJECT:
-        (reject,) = rejects(core.on_request(8000.0, request("r1", 8000.0, tokens=100_000, slo_ms=1000.0)))
+        assert placed(core.on_request(8000.0, request("r1", 8000.0, tokens=9000, slo_ms=1000.0))) == {"r1": "b"}
+        (reject,) = rejects(core.on_request(8001.0, request("r2", 8001.0, tokens=9000, slo_ms=1000.0)))
         assert reject.code == ErrorCode.OVERLOADED
 
 
