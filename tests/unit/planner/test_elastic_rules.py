@@ -169,6 +169,21 @@ def test_a_rushed_scale_out_stays_within_the_budget():
     assert plan.num_devices_used <= 3 and _count(plan, "m") <= 3
 
 
+def test_a_queue_rushes_prefill_back_even_where_the_decode_count_falls():
+    # Cut to 1 prefill instance beside 138 decode ones by a budget shrink, then asked back to 163 / 114 with a queue:
+    # the plan goes through at once (budget allowing); the debounce alone would hold 1 / 138 while the plans differ.
+    scaler = ElasticScaler(TableOracle(), bare_elastic())
+    loads = {"m": window("m", 1.0, 0.0).model_copy(update={"queue_depth": 1_300})}
+    applied, raw = {"m": (1, 138)}, {"m": (163, 114)}
+    out, rushed = scaler._rush_queued(applied, raw, loads, {"m": 2}, budget_devices=600)
+    assert (out, rushed) == ({"m": (163, 114)}, {"m"})
+    assert scaler._rush_queued(applied, raw, loads, {"m": 2}, budget_devices=500) == (applied, set()), "budget"
+    fewer_prefill = {"m": (1, 200)}  # more instances, but none more for the queue: debounced as before
+    assert scaler._rush_queued(applied, fewer_prefill, loads, {"m": 2}, budget_devices=600) == (applied, set())
+    idle = {"m": window("m", 1.0, 0.0).model_copy(update={"queue_depth": 0})}
+    assert scaler._rush_queued(applied, raw, idle, {"m": 2}, budget_devices=600) == (applied, set())
+
+
 # ------------------------------------------------------------------------- a budget shrink, prefill first
 def test_shrink_prefill_first_keeps_the_decode_instances():
     from planner.core.elastic import shrink_prefill_first
