@@ -440,11 +440,12 @@ class ElasticScaler:
         def queued_per_instance(m: str) -> float:
             return loads[m].queue_depth / max(1, num_devices(applied[m]))
 
-        # More instances and more prefill ones (the queue waits for a prefill): a P/D model the budget had cut to one
-        # prefill instance beside its decode ones, asked back to 163 / 114 from 1 / 138, sat there for 14 s (2,163
-        # requests refused) while each plan's counts differed and its decode count fell (docs/planner.md, "Debounce")
+        # More instances, and none fewer or more prefill ones (the queue waits for a prefill): a P/D model the budget
+        # had cut to one prefill instance beside its decode ones, asked back to 163 / 114 from 1 / 138, sat there for
+        # 14 s (2,163 requests refused) while each plan's counts differed and its decode count fell (docs/planner.md,
+        # "Debounce")
         wanting = [m for m in raw if m in loads and num_devices(raw[m]) > num_devices(applied[m])
-                   and raw[m][0] > applied[m][0]
+                   and (raw[m][0] > applied[m][0] or all(r >= a for r, a in zip(raw[m], applied[m])))
                    and loads[m].queue_depth > 0 and queued_per_instance(m) >= per_instance]
         if not wanting:
             return applied, set()

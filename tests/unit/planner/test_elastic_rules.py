@@ -178,8 +178,11 @@ def test_a_queue_rushes_prefill_back_even_where_the_decode_count_falls():
     out, rushed = scaler._rush_queued(applied, raw, loads, {"m": 2}, budget_devices=600)
     assert (out, rushed) == ({"m": (163, 114)}, {"m"})
     assert scaler._rush_queued(applied, raw, loads, {"m": 2}, budget_devices=500) == (applied, set()), "budget"
-    fewer_prefill = {"m": (1, 200)}  # more instances, but none more for the queue: debounced as before
-    assert scaler._rush_queued(applied, fewer_prefill, loads, {"m": 2}, budget_devices=600) == (applied, set())
+    fewer_prefill = {"m": (2, 60)}  # more instances, but fewer for the queue: debounced as before
+    assert scaler._rush_queued({"m": (3, 50)}, fewer_prefill, loads, {"m": 2}, budget_devices=600) == (
+        {"m": (3, 50)}, set())
+    decode_added = {"m": (1, 139)}  # none fewer: rushed, as it always was (colocated -> P/D keeps its prefill)
+    assert scaler._rush_queued(applied, decode_added, loads, {"m": 2}, budget_devices=600)[1] == {"m"}
     idle = {"m": window("m", 1.0, 0.0).model_copy(update={"queue_depth": 0})}
     assert scaler._rush_queued(applied, raw, idle, {"m": 2}, budget_devices=600) == (applied, set())
 
