@@ -67,14 +67,19 @@ def _relaxed_budget_ms(job: Job, policy: DispatchPolicy) -> float:
     """How long past its (plan) arrival a job may have its first token at the latest: its SLO, every relaxation the
     policy allows, less the planning margin."""
     slo_ms = job.request.ttft_slo_ms
-    step_ms = policy.relaxation_factor * slo_ms
-    num_steps = policy.max_num_relaxations if policy.overload == OverloadPolicy.REQUEUE and step_ms > 0 else 0
-    return slo_ms + num_steps * step_ms - policy.deadline_margin_frac * slo_ms
+    step_ms = _relaxation_step_ms(job, policy)
+    return slo_ms + (policy.max_num_relaxations * step_ms if step_ms else 0.0) - policy.deadline_margin_frac * slo_ms
+
+
+def _relaxation_step_ms(job: Job, policy: DispatchPolicy) -> float:
+    """How far one relaxation moves a job's deadline; 0 where the policy never relaxes."""
+    step_ms = policy.relaxation_factor * job.request.ttft_slo_ms
+    return step_ms if policy.overload == OverloadPolicy.REQUEUE and step_ms > 0 else 0.0
 
 
 def _relax(job: Job, deadline_ms: float, num_relaxations: int, policy: DispatchPolicy) -> tuple[float, int] | None:
-    step_ms = policy.relaxation_factor * job.request.ttft_slo_ms
-    if policy.overload != OverloadPolicy.REQUEUE or step_ms <= 0 or num_relaxations >= policy.max_num_relaxations:
+    step_ms = _relaxation_step_ms(job, policy)
+    if not step_ms or num_relaxations >= policy.max_num_relaxations:
         return None
     return deadline_ms + step_ms, num_relaxations + 1
 
