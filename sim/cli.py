@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from .provenance import code_provenance, describe
 from .runner import EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, run_many
 
 
@@ -122,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             build_parser().error(str(e))
         extra = functools.partial(watch_extra, args.watch)
+    code = code_provenance()
     console.print(f"[bold]janus sim[/]: {trace.num_requests:,} requests, {trace.num_apps} apps, "
                   f"{trace.duration_s:.0f} s of trace on {args.devices} x {args.device}; systems: "
                   f"{', '.join(systems)}")
+    console.print(f"code: {describe(code)}", highlight=False)
     start = time.perf_counter()
     profiles = None
     from .runner import uses_learned_oracle
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_tables(results, console)
     meta = dict(vars(args), config=str(args.config) if args.config else None, wall_s=wall_s,
-                num_requests=trace.num_requests, policy=policy, oracle_profiles=profiles)
+                num_requests=trace.num_requests, policy=policy, oracle_profiles=profiles, code=code)
     paths = write_outputs(results, Path(args.out), meta)
     if args.watch:
         from .watch import write_watch

@@ -121,12 +121,14 @@ def compare_runs(out_dirs: list[Path], console, num_rows: int = 10) -> None:
 
     from .metrics import KindHours
 
-    columns, rows = [], []
+    columns, rows, codes = [], [], []
     for out_dir in out_dirs:
         path = Path(out_dir) / "summary.json"
         if not path.is_file():
             raise ValueError(f"no summary.json in {out_dir} (a folder `janus sim --out` wrote)")
-        for row in json.loads(path.read_text())["systems"]:
+        summary = json.loads(path.read_text())
+        codes.append((Path(out_dir).name, summary.get("meta", {}).get("code")))
+        for row in summary["systems"]:
             if "device_hours_by_kind" not in row:
                 raise ValueError(f"{path}: {row['system']} has no device_hours_by_kind (written before runs took "
                                  "their device-hours apart; run it again)")
@@ -140,6 +142,7 @@ def compare_runs(out_dirs: list[Path], console, num_rows: int = 10) -> None:
         head.add_row(name, f"{row['token_attainment']:.4f}", f"{row['device_hours']:.1f}",
                      f"{row['worst_app']} ({row['worst_app_attainment']:.3f})", f"{row['num_failed']:,}")
     console.print(head)
+    print_code_differences(codes, console)
     console.print(kinds_table(columns, is_diffed=True))
     if len(columns) > 1:
         by_app = [device_hours_by(kinds, lambda k: (k.app, k.model, k.role)) for _, kinds in columns]
@@ -152,6 +155,20 @@ def compare_runs(out_dirs: list[Path], console, num_rows: int = 10) -> None:
             first, last = by_app[0].get(k, 0.0), by_app[-1].get(k, 0.0)
             apps.add_row(k[0] or "-", k[1] or "-", k[2], f"{first:.1f}", f"{last:.1f}", f"{last - first:+.1f}")
         console.print(apps)
+
+
+def print_code_differences(codes: list[tuple[str, dict | None]], console) -> None:
+    """A line per run when the runs compared may not have run the same code (sim/provenance.py): a difference
+    between them may then be the code's, not the policy's or the seed's."""
+    from .provenance import describe, is_same_code
+
+    known = [c for _, c in codes if c is not None]
+    if len(codes) < 2 or (len(known) == len(codes) and all(is_same_code(known[0], c) for c in known[1:])):
+        return
+    console.print("[yellow]these runs may not have run the same code:[/]", highlight=False)
+    for name, code in codes:
+        console.print(f"  {name}: {describe(code) if code is not None else 'not recorded (an older run)'}",
+                      highlight=False)
 
 
 def worst_apps_table(result: SystemResult, count: int = 8):

@@ -1,5 +1,6 @@
 """`janus sim` end to end on a few seconds of the headline trace: tables, summary.json, the figure."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,11 @@ def test_cli_writes_summary_and_figure(tmp_path, capsys):
     from runtime.settings import ClusterConfig
 
     assert summary["meta"]["policy"] == effective_policies(ClusterConfig())
+    # and the code it ran (sim/provenance.py): the tree the `sim` package came from
+    import sim
+
+    assert summary["meta"]["code"]["source_dir"] == str(Path(sim.__file__).resolve().parent.parent)
+    assert "code: " in printed
 
 
 @needs_traces

@@ -93,11 +93,11 @@ def test_the_kinds_table_sums_apps_per_model_and_role_for_each_system():
     assert "decode" in text and "2.0" in text and "1.5" in text and "3.5" in text  # the total
 
 
-def _write_run(out_dir, name, seconds_by_kind, summary):
+def _write_run(out_dir, name, seconds_by_kind, summary, meta=None):
     kinds = device_hours_by_kind(seconds_by_kind, ("x", "y"), ("m tp1", "m tp1"))
     row = SystemResult(name, summary, None, np.zeros(2), 0.0, 0.0, kinds=kinds)
     out_dir.mkdir()
-    (out_dir / "summary.json").write_text(json.dumps({"meta": {}, "systems": headline_rows([row])}))
+    (out_dir / "summary.json").write_text(json.dumps({"meta": meta or {}, "systems": headline_rows([row])}))
 
 
 def test_compare_reads_two_runs_and_names_the_app_that_moved(tmp_path):
@@ -115,6 +115,28 @@ def test_compare_reads_two_runs_and_names_the_app_that_moved(tmp_path):
     moved = text[text.index("moved most"):].splitlines()
     first_row = next(line for line in moved if "y" in line.split())  # app y's prefill: 1.0 -> 5.0, the most moved
     assert "prefill" in first_row and "+4.0" in first_row
+
+
+@pytest.mark.parametrize("second, is_warned", [("same", False), ("edited", True), ("older", True)])
+def test_compare_says_when_the_runs_ran_other_code(tmp_path, second, is_warned):
+    """Each run's summary names its code (sim/provenance.py); a difference between runs of other code may be the
+    code's, so the comparison says so, naming each run's commit and changed files."""
+    from rich.console import Console
+
+    summary = SystemRun(_scenario(num_devices=2), StaticPartition()).run().summary
+    clean = {"source_dir": "tree", "commit": "c" * 40, "changed_files": []}
+    other = {"same": clean, "edited": {**clean, "changed_files": ["planner/core/elastic.py"]}, "older": None}[second]
+    _write_run(tmp_path / "a", "janus", {(0, "decode", "elastic"): 3600.0}, summary, {"code": clean})
+    _write_run(tmp_path / "b", "janus", {(0, "decode", "elastic"): 3600.0}, summary,
+               {"code": other} if other else {})
+    console = Console(width=160, record=True)
+    compare_runs([tmp_path / "a", tmp_path / "b"], console)
+    text = console.export_text()
+    assert ("may not have run the same code" in text) is is_warned
+    if second == "edited":
+        assert "b: cccccccccccc (1 file changed: planner/core/elastic.py) in tree" in text
+    if second == "older":
+        assert "b: not recorded" in text
 
 
 def test_compare_names_a_folder_without_a_run_and_a_run_without_kinds(tmp_path):
