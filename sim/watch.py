@@ -4,6 +4,8 @@ app"). Written per system to `<out>/watch-<app>-<system>.json`:
 - plans: each elastic plan whose target for the app's model changed (time, prefill / decode instances, m*, why,
   debounced or not), and each steady plan that changed its pool or its devices;
 - lifecycle: its instances' launches (load path and time), ready, drains, resumes and removals;
+- blocked: each time the reconciler reported an instance of the app it wanted and could not bring up, and why (no
+  free device, a worker not alive, a placement cooling down after a failure): a plan that waits for a device;
 - requests: per request, arrival, prompt and answer tokens, first token and finish (null: failed), tokens on time;
 - bursts: the requests grouped where arrivals are more than `BURST_GAP_S` apart, each with its tokens late and its
   first tokens past the TTFT SLO: where the app lost its tokens.
@@ -67,6 +69,13 @@ def lifecycle_story(lifecycle_log, app_of_instance: dict, app: int) -> list[dict
             for t_s, iid, event, detail in lifecycle_log if app_of_instance.get(iid) == app]
 
 
+def blocked_story(blocked_log, model: str) -> list[dict]:
+    """The reconciler's blocked reports that name `model`: by its instances' ids (`model@worker/role`) or as
+    "N instance(s) of model: no free device"."""
+    return [{"t_s": round(t_s, 3), "detail": detail} for t_s, detail in blocked_log
+            if detail.startswith(f"{model}@") or f" of {model}:" in detail]
+
+
 def bursts(arrival_s: np.ndarray, output_tokens: np.ndarray, first_token_s: np.ndarray,
            num_on_time: np.ndarray, ttft_slo_s: float, gap_s: float = BURST_GAP_S) -> list[dict]:
     """The requests (sorted by arrival) cut where two arrivals are more than `gap_s` apart."""
@@ -104,6 +113,7 @@ def watch_extra(name: str, scenario, result) -> dict:
                          float(scenario.ttft_slo_s[app])),
         "plans": plan_story(result.plans, trace.app_names[app]),
         "lifecycle": lifecycle_story(result.lifecycle_log, result.app_of_instance, app),
+        "blocked": blocked_story(result.blocked, trace.app_names[app]),
         "requests": {"arrival_s": col(arrival), "input_tokens": trace.input_tokens[rows].tolist(),
                      "output_tokens": trace.output_tokens[rows].tolist(), "first_token_s": col(first),
                      "finish_s": col(finish), "num_on_time_tokens": out.num_on_time_tokens[rows].tolist()},

@@ -45,6 +45,8 @@ class RunResult:
     lifecycle_log: list = field(default_factory=list)
     app_of_instance: dict = field(default_factory=dict)
     plans: list = field(default_factory=list)
+    # the reconciler's reports of wanted instances it could not bring up, (time s, detail) (a Janus system's)
+    blocked: list = field(default_factory=list)
 
 
 class ControlPlane:
@@ -179,7 +181,8 @@ class SystemRun:
             by_kind[RESERVED] = reserved_s
         return RunResult(self.control.name, out, log, summary, wall_s, self.sim.num_events, counters,
                          self.dispatch.rejections, by_kind, self.sim.lifecycle_log, self.sim.app_of_instance,
-                         getattr(self.control, "plans", []))
+                         getattr(self.control, "plans", []),
+                         getattr(getattr(self.control, "fleet", None), "blocked_log", []))
 
 
 def initial_features(scenario: Scenario, window_s: float = 30.0):

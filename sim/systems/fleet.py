@@ -84,6 +84,10 @@ class SimFleet:
         self._seq = 0
         self.preloading = False  # install(): what is placed is there already, ready at once
         self.num_failed_actions = 0
+        # (time s, detail) of each wanted instance the reconciler reported it could not bring up, once per plan and
+        # detail ("1 instance(s) of m: no free device", "...: cooling down"): what `--watch` shows of a wait for a
+        # device (sim/watch.py)
+        self.blocked_log: list[tuple[float, str]] = []
         dev = run.scenario.device
         self._device_info = DeviceInfo.model_construct(kind="npu", name=dev.name, hbm_bytes=int(dev.hbm_bytes))
         self._pages = PageCounters.model_construct(page_size_bytes=2 << 20, num_pages_total=0, num_pages_free=0,
@@ -106,8 +110,10 @@ class SimFleet:
         self.apply(self.rec.on_tick(now_s * 1e3), now_s)
 
     def apply(self, effects: ReconcileEffects, now_s: float) -> None:
-        """Carry out what the core decided: its commands, in order (its audit events are counted, not stored)."""
+        """Carry out what the core decided: its commands, in order (its audit events are counted, its blocked reports
+        kept, the rest not stored)."""
         self.num_failed_actions += sum(1 for a in effects.actions if a.status == "failed")
+        self.blocked_log.extend((now_s, ps.detail) for ps in effects.plan_statuses if ps.status == "blocked")
         for cmd in effects.commands:
             self._execute(cmd, now_s)
 

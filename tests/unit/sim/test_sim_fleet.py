@@ -111,6 +111,23 @@ def test_a_device_still_draining_takes_no_new_model_until_the_drain_is_over():
     assert new.is_ready and new.executor.device_ids == (0,)
 
 
+def test_an_instance_with_no_device_is_kept_as_the_reconcilers_blocked_report():
+    """What `--watch` shows of a plan that waits for a device (sim/watch.py): the reconciler's report, with its
+    time, once per plan."""
+    from sim.watch import blocked_story
+
+    run, rec, fleet = _fleet(2)
+    _send(run, rec, fleet, {"a": 3}, 0.1)  # three wanted, two devices
+    assert fleet.blocked_log == [(0.1, "1 instance(s) of a: no free device")]
+    run.sim.run(until_s=5.0)
+    fleet.tick(5.0)  # the same plan, still short: not reported again
+    assert len(fleet.blocked_log) == 1
+    _send(run, rec, fleet, {"a": 2}, 6.0)  # fits: nothing more to report
+    assert len(fleet.blocked_log) == 1 and len(_live(run, 0)) == 2
+    assert blocked_story(fleet.blocked_log, "a") == [{"t_s": 0.1, "detail": "1 instance(s) of a: no free device"}]
+    assert blocked_story(fleet.blocked_log, "b") == []
+
+
 def test_a_count_that_rises_again_resumes_the_draining_instance():
     for resumes in (True, False):
         run, rec, fleet = _fleet(3, policy=ReconcilerPolicy(resumes_draining=resumes))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sim.cli import main
-from sim.watch import bursts, resolve_app
+from sim.watch import blocked_story, bursts, resolve_app
 
 from .shared_data import needs_traces
 
@@ -37,6 +37,14 @@ def test_bursts_split_at_long_gaps_and_count_what_was_lost():
     assert bursts(arrival[:0], output[:0], first[:0], on_time[:0], 1.0) == []
 
 
+def test_blocked_reports_are_the_apps_own_not_those_of_an_app_its_name_is_a_prefix_of():
+    log = [(1.0, "1 instance(s) of app-5-c92: no free device"), (1.5, "2 instance(s) of app-5-c9: no free device"),
+           (2.0, "app-5-c9@d3/prefill: failed recently on d3, cooling down"),
+           (2.5, "app-5-c92@d4/decode: worker d4 is not alive")]
+    assert [b["t_s"] for b in blocked_story(log, "app-5-c9")] == [1.5, 2.0]
+    assert [b["t_s"] for b in blocked_story(log, "app-5-c92")] == [1.0, 2.5]
+
+
 @needs_traces
 @pytest.mark.slow  # ~10 s: two systems on 10 s of trace
 def test_the_watch_tells_one_apps_story_as_the_run_scored_it(tmp_path, capsys):
@@ -63,7 +71,8 @@ def test_the_watch_tells_one_apps_story_as_the_run_scored_it(tmp_path, capsys):
     janus = json.loads((tmp_path / f"watch-{name}-janus.json").read_text())
     assert janus["plans"] and janus["plans"][0]["plan"].startswith("steady")  # the start-up plan placed it
     static = json.loads((tmp_path / f"watch-{name}-static.json").read_text())
-    assert static["plans"] == []  # static plans nothing
+    assert static["plans"] == [] and static["blocked"] == []  # static plans nothing, and has no reconciler
+    assert all(b["detail"] for b in janus["blocked"])
     assert f"{name} on janus: its bursts" in capsys.readouterr().out
 
 
