@@ -60,6 +60,9 @@ class WorkersSpec(Frozen):
     # bootstrap placement until the planner takes over: worker id -> models; a worker not listed serves every model
     placement: dict[str, list[str]] = Field(default_factory=dict)
     max_num_seqs: int = Field(default=32, ge=1, description="running requests per engine")
+    min_drain_s: float = Field(default=30.0, gt=0, description="the least a drain waits before it fails what is "
+                               "left: P/D reservations; a request that streams already waits until the gateway's "
+                               "request timeout from its start (docs/lifecycle.md)")
     engine: Literal["torch", "echo"] = Field(
         default="torch", description="echo skips the model math (to measure the serving path itself)")
 

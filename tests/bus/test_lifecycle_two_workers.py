@@ -5,131 +5,40 @@ dispatcher (RunAssignments); the drain test runs a real dispatcher."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from contracts import (
-    STREAM_EVENT,
     ForkSource,
-    GenerateRequest,
-    HealthReply,
     InstanceRole,
     KVTarget,
     LifecycleAction,
-    LifecycleCommand,
     LifecycleEvent,
-    LifecycleReply,
     ModelState,
     MoveDecodes,
     MoveDecodesAck,
     Pool,
-    PrefillDone,
     RequestDone,
     RequestFailed,
     ResendReply,
     ResendRequest,
     RunAssignment,
-    SamplingParams,
     SubmitAck,
     TokenChunk,
     WorkerHeartbeat,
     subjects,
 )
 from runtime.bus import BusError
+from tests.bus.worker_procs import MODEL, Observer, command, make_request, run_on, running_workers
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow  # two worker processes start (torch, engines): ~10-20 s on a shared 2-core box
 
-MODEL = "demo-tiny"
 A, B = "lc-a", "lc-b"
 INST_A, INST_B = f"{A}/{MODEL}", f"{B}/{MODEL}"
-_ids = itertools.count()
-
-
-class Observer:
-    """Everything the workers publish that the tests look at: heartbeats, lifecycle events, streams, prefills."""
-
-    def __init__(self) -> None:
-        self.heartbeats: dict[str, WorkerHeartbeat] = {}
-        self.events: list[LifecycleEvent] = []
-        self.streams: dict[str, list] = {}
-        self.prefills: list[PrefillDone] = []
-        self.done: dict[str, asyncio.Event] = {}
-
-    async def start(self, bus) -> None:
-        async def on_hb(hb: WorkerHeartbeat, env) -> None:
-            self.heartbeats[hb.worker_id] = hb
-
-        async def on_event(ev: LifecycleEvent, env) -> None:
-            self.events.append(ev)
-
-        async def on_stream(ev, env) -> None:
-            self.streams.setdefault(ev.request_id, []).append(ev)
-            if not isinstance(ev, TokenChunk):
-                self.done.setdefault(ev.request_id, asyncio.Event()).set()
-
-        async def on_prefill(done: PrefillDone, env) -> None:
-            self.prefills.append(done)
-
-        await bus.subscribe(subjects.WORKER_TELEMETRY_WILDCARD, WorkerHeartbeat, on_hb, traced=False)
-        await bus.subscribe(subjects.LIFECYCLE_EVENT, LifecycleEvent, on_event, traced=False)
-        await bus.subscribe(subjects.reply_wildcard("lctest"), STREAM_EVENT, on_stream, traced=False)
-        await bus.subscribe(subjects.PREFILL_DONE, PrefillDone, on_prefill, traced=False)
-
-    async def result(self, request_id: str, timeout_s: float = 60.0) -> tuple[list[int], object]:
-        """(tokens in seq order, the terminal event) of one request."""
-        await asyncio.wait_for(self.done.setdefault(request_id, asyncio.Event()).wait(), timeout_s)
-        events = sorted(self.streams[request_id], key=lambda e: e.seq)
-        tokens = [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]
-        return tokens, next(e for e in events if not isinstance(e, TokenChunk))
-
-    async def heartbeat_after(self, worker_id: str, since_unix_ms: float, timeout_s: float = 10.0) -> WorkerHeartbeat:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            hb = self.heartbeats.get(worker_id)
-            if hb is not None and hb.sent_unix_ms > since_unix_ms:
-                return hb
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"no heartbeat from {worker_id}")
-
-
-def _request(prompt, *, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> GenerateRequest:
-    rid = f"lc-{next(_ids)}-{os.getpid()}"
-    now = time.time() * 1e3
-    return GenerateRequest(request_id=rid, model=MODEL, prompt_token_ids=tuple(prompt),
-                           sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                                   ignore_eos=True),
-                           arrival_unix_ms=now, ttft_deadline_unix_ms=now + 60_000, tpot_slo_ms=1000,
-                           reply_subject=subjects.reply("lctest", rid))
-
-
-async def _run(bus, worker_id: str, instance_id: str, req: GenerateRequest, **kw) -> None:
-    await bus.publish(subjects.worker_run(worker_id),
-                      RunAssignment(request=req, instance_id=instance_id, dispatched_unix_ms=time.time() * 1e3, **kw))
-
-
-async def _command(bus, worker_id: str, instance_id: str, action: LifecycleAction, *, command_id: str | None = None,
-                   **kw) -> LifecycleReply:
-    cmd = LifecycleCommand(command_id=command_id or f"cmd-{next(_ids)}", worker_id=worker_id, model=MODEL,
-                           instance_id=instance_id, action=action, issued_unix_ms=time.time() * 1e3, **kw)
-    return await bus.request(subjects.worker_cmd(worker_id), cmd, LifecycleReply, timeout_s=60)
-
-
-def _start_worker(worker_id: str, config: Path, state: Path, nats_url: str, log: Path) -> subprocess.Popen:
-    janus = Path(sys.executable).parent / "janus"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "JANUS_LOG_LEVEL": "WARNING"}
-    return subprocess.Popen([str(janus), "serve", "worker", "--nats", nats_url, "--config", str(config),
-                             "--id", worker_id, "--state-dir", str(state)], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
@@ -140,30 +49,11 @@ async def cluster(nats_url, demo_models_dir, tmp_path_factory, bus_factory_modul
         "models": [{"name": MODEL, "path": str(demo_models_dir / MODEL), "ttft_slo_ms": 60_000}],
         "workers": {"pool_bytes": 96 << 20, "max_num_seqs": 4, "placement": {A: [MODEL], B: []}},
     }))
-    procs = {w: _start_worker(w, config, state, nats_url, state / f"{w}.log") for w in (A, B)}
     bus = await bus_factory_module("lifecycle-test")
     obs = Observer()
     await obs.start(bus)
-    try:
-        deadline = time.monotonic() + 120
-        for w, proc in procs.items():
-            while True:
-                assert proc.poll() is None, (state / f"{w}.log").read_text()[-3000:]
-                try:
-                    await bus.request(subjects.health("worker", w), None, HealthReply, timeout_s=1)
-                    break
-                except BusError:
-                    assert time.monotonic() < deadline, f"{w} did not start"
-                    await asyncio.sleep(0.2)
+    async with running_workers(bus, (A, B), config, state, nats_url):
         yield bus, obs, config
-    finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for w, proc in procs.items():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +73,7 @@ async def bus_factory_module(nats_url):
 
 
 async def _ensure_active(bus, obs, worker_id: str, instance_id: str) -> None:
-    reply = await _command(bus, worker_id, instance_id, LifecycleAction.ACTIVATE)
+    reply = await command(bus, worker_id, instance_id, LifecycleAction.ACTIVATE)
     assert reply.ok and reply.state == ModelState.ACTIVE, reply
 
 
@@ -226,12 +116,12 @@ async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(clus
     assert hb_a.pages.pages_by_model[MODEL]["weights"] > 0
 
     # the source keeps serving while it is read
-    busy = [_request([3, 1, 4, 1, 5], max_tokens=24) for _ in range(3)]
+    busy = [make_request([3, 1, 4, 1, 5], max_tokens=24) for _ in range(3)]
     for req in busy:
-        await _run(bus, A, INST_A, req)
+        await run_on(bus, A, INST_A, req)
     fork = ForkSource(worker_id=A, instance_id=INST_A, transfer_session=hb_a.transfer_session,
                       segments=source.weight_segments)
-    reply = await _command(bus, B, INST_B, LifecycleAction.FORK_FROM, fork_source=fork)
+    reply = await command(bus, B, INST_B, LifecycleAction.FORK_FROM, fork_source=fork)
     assert reply.ok and reply.state == ModelState.ACTIVE, reply
     assert "pulled" in reply.detail and reply.timings_ms["pull_ms"] > 0
     for req in busy:
@@ -257,9 +147,9 @@ async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(clus
 async def _assert_same_greedy_output(bus, obs, one: tuple[str, str], other: tuple[str, str], max_tokens: int) -> None:
     """The same greedy request on two instances ((worker, instance) each) yields the same tokens."""
     prompt = [17, 4, 99, 250, 8, 31, 77]
-    requests = [_request(prompt, max_tokens=max_tokens) for _ in range(2)]
+    requests = [make_request(prompt, max_tokens=max_tokens) for _ in range(2)]
     for (worker, instance), req in zip((one, other), requests):
-        await _run(bus, worker, instance, req)
+        await run_on(bus, worker, instance, req)
     tokens = [(await obs.result(req.request_id))[0] for req in requests]
     assert len(tokens[0]) == max_tokens and tokens[0] == tokens[1]
 
@@ -272,9 +162,9 @@ def _unresolved(decode: tuple[str, str]) -> KVTarget:
 
 
 async def _whole_and_split(bus, obs, prefill, decode, prompt, **kw):
-    whole, split = _request(prompt, **kw), _request(prompt, **kw)
-    await _run(bus, prefill[0], prefill[1], whole)
-    await _run(bus, prefill[0], prefill[1], split, phase="prefill", kv_target=_unresolved(decode))
+    whole, split = make_request(prompt, **kw), make_request(prompt, **kw)
+    await run_on(bus, prefill[0], prefill[1], whole)
+    await run_on(bus, prefill[0], prefill[1], split, phase="prefill", kv_target=_unresolved(decode))
     return (await obs.result(whole.request_id)), (await obs.result(split.request_id)), whole, split
 
 
@@ -365,16 +255,16 @@ async def test_a_draining_decode_instance_honours_its_reservations_and_takes_no_
     hand-over is still accepted and streamed to the end; B goes warm only after it, and refuses new reservations."""
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, B, INST_B)
-    req = _request([9, 8, 7, 6, 5], max_tokens=24)
+    req = make_request([9, 8, 7, 6, 5], max_tokens=24)
     reserve = RunAssignment(request=req, instance_id=INST_B, phase="decode", dispatched_unix_ms=time.time() * 1e3)
     target = await bus.request(subjects.worker_run(B), reserve, KVTarget, timeout_s=5)
     assert target.decode_instance_id == INST_B and len(target.block_offsets_bytes) == 1
     assert target.transfer_session == obs.heartbeats[B].transfer_session
 
-    warm = asyncio.create_task(_command(bus, B, INST_B, LifecycleAction.WARM))
+    warm = asyncio.create_task(command(bus, B, INST_B, LifecycleAction.WARM))
     await wait_for(lambda: any(e.instance_id == INST_B and e.to_state == ModelState.DRAINING for e in obs.events[-5:]),
                    timeout_s=10, interval_s=0.02, what=f"{INST_B} draining")
-    late = _request([1, 2, 3], max_tokens=4)
+    late = make_request([1, 2, 3], max_tokens=4)
     with pytest.raises(BusError) as refused:
         await bus.request(subjects.worker_run(B), RunAssignment(request=late, instance_id=INST_B, phase="decode",
                                                                  dispatched_unix_ms=time.time() * 1e3),
@@ -406,13 +296,13 @@ async def test_a_draining_instance_moves_its_running_decode_and_the_stream_goes_
     await _ensure_active(bus, obs, A, INST_A)
     await _ensure_active(bus, obs, B, INST_B)
     prompt = [7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 2, 3, 5, 3, 6]
-    whole = _request(prompt, max_tokens=600, temperature=temperature, seed=seed)
-    moving = _request(prompt, max_tokens=600, temperature=temperature, seed=seed)
-    await _run(bus, B, INST_B, whole)
-    await _run(bus, A, INST_A, moving)
+    whole = make_request(prompt, max_tokens=600, temperature=temperature, seed=seed)
+    moving = make_request(prompt, max_tokens=600, temperature=temperature, seed=seed)
+    await run_on(bus, B, INST_B, whole)
+    await run_on(bus, A, INST_A, moving)
     await wait_for(lambda: len(obs.streams.get(moving.request_id, ())) >= 5, timeout_s=30, interval_s=0.01,
                    what="the request decoding on A")
-    warm = asyncio.create_task(_command(bus, A, INST_A, LifecycleAction.WARM))
+    warm = asyncio.create_task(command(bus, A, INST_A, LifecycleAction.WARM))
     await wait_for(lambda: any(e.instance_id == INST_A and e.to_state == ModelState.DRAINING for e in obs.events[-5:]),
                    timeout_s=10, interval_s=0.01, what=f"{INST_A} draining")
     with pytest.raises(BusError) as refused:
@@ -450,8 +340,8 @@ async def test_a_draining_instance_moves_its_running_decode_and_the_stream_goes_
 async def test_a_move_the_target_refuses_keeps_the_decode_where_it_is(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
-    req = _request([3, 3, 4, 4, 5], max_tokens=300)
-    await _run(bus, A, INST_A, req)
+    req = make_request([3, 3, 4, 4, 5], max_tokens=300)
+    await run_on(bus, A, INST_A, req)
     await wait_for(lambda: len(obs.streams.get(req.request_id, ())) >= 3, timeout_s=30, interval_s=0.01,
                    what="the request decoding on A")
     ack = await bus.request(subjects.worker_move(A), MoveDecodes(instance_id=INST_A, target_worker_id=B,
@@ -469,8 +359,8 @@ async def test_lifecycle_commands_are_idempotent_over_the_bus(cluster):
     await _ensure_active(bus, obs, A, INST_A)
     inst = f"{A}/{MODEL}-extra"
     num_events = len(obs.events)
-    first = await _command(bus, A, inst, LifecycleAction.WARM, command_id="idem-1")
-    again = await _command(bus, A, inst, LifecycleAction.WARM, command_id="idem-1")
+    first = await command(bus, A, inst, LifecycleAction.WARM, command_id="idem-1")
+    again = await command(bus, A, inst, LifecycleAction.WARM, command_id="idem-1")
     assert first.ok and first.state == ModelState.WARM and again == first
 
     def mine() -> list[LifecycleEvent]:
@@ -484,11 +374,11 @@ async def test_lifecycle_commands_are_idempotent_over_the_bus(cluster):
     assert [e.to_state for e in mine()] == [ModelState.LOADING, ModelState.WARM]
     hb = await obs.heartbeat_after(A, time.time() * 1e3)
     assert next(s for s in hb.instances if s.instance_id == inst).state == ModelState.WARM
-    cold = await _command(bus, A, inst, LifecycleAction.COLD)
+    cold = await command(bus, A, inst, LifecycleAction.COLD)
     assert cold.ok and cold.state == ModelState.COLD
     hb = await obs.heartbeat_after(A, time.time() * 1e3)
     assert inst not in {s.instance_id for s in hb.instances}
-    wrong = await _command(bus, A, INST_A, LifecycleAction.ACTIVATE, command_id="idem-2")
+    wrong = await command(bus, A, INST_A, LifecycleAction.ACTIVATE, command_id="idem-2")
     assert wrong.ok and wrong.detail == "already active"
 
 
@@ -499,7 +389,7 @@ async def test_a_warm_copy_offered_in_the_heartbeat_is_pulled_by_the_other_worke
     await _ensure_active(bus, obs, A, INST_A)
     warm, pulled = f"{A}/{MODEL}-warm", f"{B}/{MODEL}-pulled"
     try:
-        reply = await _command(bus, A, warm, LifecycleAction.WARM)  # the checkpoint into A's host memory
+        reply = await command(bus, A, warm, LifecycleAction.WARM)  # the checkpoint into A's host memory
         assert reply.ok and reply.state == ModelState.WARM and "host copy offered" in reply.detail, reply
         hb = await obs.heartbeat_after(A, time.time() * 1e3)
         offer = next(s for s in hb.instances if s.instance_id == warm).host_copy
@@ -510,14 +400,14 @@ async def test_a_warm_copy_offered_in_the_heartbeat_is_pulled_by_the_other_worke
         source = view.fork_source(MODEL, {A, B}, exclude_ids=set(), target_worker=B)
         assert (source.kind, source.instance_id, source.transfer_session) == ("host_copy", warm, hb.transfer_session)
 
-        reply = await _command(bus, B, pulled, LifecycleAction.FORK_FROM, fork_source=source)
+        reply = await command(bus, B, pulled, LifecycleAction.FORK_FROM, fork_source=source)
         assert reply.ok and reply.state == ModelState.ACTIVE and f"from the host copy of {warm}" in reply.detail, reply
         events = [e for e in obs.events if e.instance_id == pulled and e.command_id == reply.command_id]
         assert events and {e.via for e in events} == {"remote_warm"}
         await _assert_same_greedy_output(bus, obs, (A, INST_A), (B, pulled), max_tokens=12)
     finally:
         for worker, inst in ((A, warm), (B, pulled)):
-            await _command(bus, worker, inst, LifecycleAction.COLD)
+            await command(bus, worker, inst, LifecycleAction.COLD)
 
 
 async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_models_dir):
@@ -536,14 +426,14 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
         await wait_for(lambda: sum(1 for r in dispatcher._records.values() if r.is_ready) >= 2, timeout_s=30,
                        tasks=[task], what="both instances ready in the dispatcher's registry")
         max_tokens = 32
-        reqs = [_request([7 + i % 50, 3, 9, 27], max_tokens=max_tokens) for i in range(24)]
+        reqs = [make_request([7 + i % 50, 3, 9, 27], max_tokens=max_tokens) for i in range(24)]
         for req in reqs:
             ack = await bus.request(subjects.req(MODEL), req, SubmitAck, timeout_s=5)
             assert ack.status == "queued", ack
         # deactivate A while it is streaming
         await wait_for(lambda: any(obs.streams.get(r.request_id) for r in reqs), timeout_s=30, interval_s=0.01,
                        what="a request streaming")
-        reply = await _command(bus, A, INST_A, LifecycleAction.WARM)
+        reply = await command(bus, A, INST_A, LifecycleAction.WARM)
         assert reply.ok and reply.state == ModelState.WARM, reply
         results = [await obs.result(r.request_id, timeout_s=120) for r in reqs]
         # the dispatcher forgets each request as its worker reports its end (RequestOutcome, even when heard before
@@ -582,8 +472,8 @@ async def test_deactivating_under_load_loses_no_request(cluster, nats_url, demo_
 async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(cluster, nats_url, demo_models_dir):
     """P/D with a real dispatcher (`moves_draining_decodes` on): a prefill instance on B, a decode instance on each
     worker. While the requests decode, A's decode instance is told to go warm; the dispatcher sees it draining in
-    A's heartbeat and orders its decodes to B's decode instance (at once: `move_after_draining_ms` 0 here). Every request ends on B with all its tokens, and A
-    goes warm long before they end."""
+    A's heartbeat and orders its decodes to B's decode instance (at once: `move_after_draining_ms` 0 here). Every
+    request ends on B with all its tokens, and A goes warm long before they end."""
     from dispatcher.service import DispatcherService
     from runtime.service import run_service
     from runtime.settings import ClusterConfig, JanusSettings
@@ -591,10 +481,10 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
     bus, obs, config = cluster
     prefill, decode_a, decode_b = f"{B}/{MODEL}/prefill", f"{A}/{MODEL}/decode", f"{B}/{MODEL}/decode"
     for worker, instance in ((A, INST_A), (B, INST_B)):  # only P/D instances serve: every request splits
-        await _command(bus, worker, instance, LifecycleAction.WARM)
+        await command(bus, worker, instance, LifecycleAction.WARM)
     for worker, instance, role in ((B, prefill, InstanceRole.PREFILL), (A, decode_a, InstanceRole.DECODE),
                                    (B, decode_b, InstanceRole.DECODE)):
-        reply = await _command(bus, worker, instance, LifecycleAction.ACTIVATE, role=role, pool=Pool.ELASTIC)
+        reply = await command(bus, worker, instance, LifecycleAction.ACTIVATE, role=role, pool=Pool.ELASTIC)
         assert reply.ok and reply.state == ModelState.ACTIVE, reply
     cluster_config = ClusterConfig.model_validate({**yaml.safe_load(config.read_text()), "dispatcher": {
         "moves_draining_decodes": True, "move_after_draining_ms": 0.0}})  # at A's first DRAINING heartbeat
@@ -606,7 +496,7 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
                                                                 if r.is_ready}, timeout_s=30, tasks=[task],
                        what="the P/D instances ready in the dispatcher's registry")
         # long enough to be decoding still when A's next heartbeat (0.5 s) says it drains, on an idle machine too
-        reqs = [_request([5 + i, 8, 13, 21, 34], max_tokens=2000) for i in range(4)]
+        reqs = [make_request([5 + i, 8, 13, 21, 34], max_tokens=2000) for i in range(4)]
         for req in reqs:
             ack = await bus.request(subjects.req(MODEL), req, SubmitAck, timeout_s=5)
             assert ack.status == "queued", ack
@@ -614,7 +504,7 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
                        interval_s=0.01, what="every request decoding")
         on_a = [r for r in reqs if obs.streams[r.request_id][-1].worker_id == A]
         assert on_a, "the least-backlog rule put some decodes on A"
-        reply = await _command(bus, A, decode_a, LifecycleAction.WARM)
+        reply = await command(bus, A, decode_a, LifecycleAction.WARM)
         assert reply.ok and reply.state == ModelState.WARM, reply
         warm_at = next(e.unix_ms for e in obs.events if e.command_id == reply.command_id
                        and e.to_state == ModelState.WARM)
@@ -624,7 +514,7 @@ async def test_the_dispatcher_moves_the_decodes_off_a_draining_decode_instance(c
         dispatcher.stopped.set()
         await asyncio.gather(task, return_exceptions=True)
         for worker, instance in ((B, prefill), (A, decode_a), (B, decode_b)):
-            await _command(bus, worker, instance, LifecycleAction.COLD)
+            await command(bus, worker, instance, LifecycleAction.COLD)
     for req in reqs:
         tokens, end = results[req.request_id]
         assert isinstance(end, RequestDone) and len(tokens) == 2000 and end.instance_id == decode_b, end

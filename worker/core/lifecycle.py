@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import Iterable, Literal
 
 from contracts import ErrorCode, LifecycleAction, LifecycleEvent, ModelState
 
@@ -176,3 +176,17 @@ def drain_decision(first_token_seen: dict[str, bool]) -> DrainDecision:
     back = tuple(rid for rid, seen in first_token_seen.items() if not seen)
     finish = tuple(rid for rid, seen in first_token_seen.items() if seen)
     return DrainDecision(back, finish)
+
+
+def drain_deadline_unix_ms(now_unix_ms: float, started_unix_ms: Iterable[float], *, request_timeout_s: float,
+                           min_drain_s: float) -> float:
+    """When a drain stops waiting and fails what is still in flight. A request that streams already can only finish
+    here (its KV cache is only here), so it gets until its client stops waiting anyway: its start plus the gateway's
+    request timeout. However long it runs, a plan that removes its instance (a consolidation, a scale-in) does not
+    cut it; the simulator's drains, which finish everything they hold, follow the same rule. What has no start of its
+    own here (P/D reservations) gets `min_drain_s`.
+
+    Until 2026-12, a fixed 30 s: on a slow host, 4 of 8 streams of 4,000 tokens on an instance the steady planner
+    consolidated away ended in `instance_failed` (docs/lifecycle.md, "Leaving Active: drain first")."""
+    client_gives_up = (started + request_timeout_s * 1e3 for started in started_unix_ms)
+    return max([now_unix_ms + min_drain_s * 1e3, *client_gives_up])

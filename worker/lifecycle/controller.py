@@ -40,7 +40,7 @@ class LifecycleHost(Protocol):
     async def on_transition(self, inst: ModelInstance, event: LifecycleEvent) -> None:
         """Publish the event and write the instance's registry record (delete it at COLD)."""
 
-    async def drain(self, inst: ModelInstance, timeout_s: float) -> dict[str, float]:
+    async def drain(self, inst: ModelInstance, min_drain_s: float) -> dict[str, float]:
         """Finish or hand back everything in flight on `inst` (already not ready in the registry); return early,
         failing nothing more, once `inst.resume_requested` is set."""
 
@@ -65,13 +65,13 @@ class DrainResumed(Exception):
 
 class LifecycleController:
     def __init__(self, worker_id: str, host: LifecycleHost, make_instance: Callable[[LifecycleCommand],
-                 ModelInstance], transfer: Any | None, *, drain_timeout_s: float = 30.0) -> None:
+                 ModelInstance], transfer: Any | None, *, min_drain_s: float = 30.0) -> None:
         self.worker_id = worker_id
         self.host = host
         self.make_instance = make_instance
         self.host_offers = HostCopyOffers(transfer)  # WARM host copies that peers may pull
         self.transfer = transfer
-        self.drain_timeout_s = drain_timeout_s
+        self.min_drain_s = min_drain_s  # what a drain waits at least (a running request waits longer)
         self.instances: dict[str, ModelInstance] = {}
 
     @property
@@ -186,7 +186,7 @@ class LifecycleController:
         elif step == Step.DRAIN:
             inst.resume_requested.clear()
             await self._go(inst, S.DRAINING, cmd, reason=f"{cmd.action.value} requested", via="drain")
-            drained = await self.host.drain(inst, self.drain_timeout_s)
+            drained = await self.host.drain(inst, self.min_drain_s)
             timings.update(drained)
             if inst.resume_requested.is_set():
                 raise DrainResumed()

@@ -46,7 +46,7 @@ from runtime.settings import ClusterConfig, JanusSettings
 
 from .compactor import Compactor
 from ..core.fencing import EpochFence
-from ..core.lifecycle import drain_decision
+from ..core.lifecycle import drain_deadline_unix_ms, drain_decision
 from ..core.stream_log import StreamLog
 from ..core.streaming import Emission, RequestTrack, emissions_for, failure, request_failed_notice
 from .engine_loop import EngineLoop
@@ -78,7 +78,8 @@ class WorkerService(Service):
         self.device = device or cluster.workers.device  # its own one (`janus up` gives each worker one)
         self.pages = None  # worker.xtensor.XTensor, opened in start()
         self.transfer = None  # worker.dataplane.transfer.MooncakeTransfer, or None where it cannot run
-        self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None)
+        self.lifecycle = LifecycleController(self.worker_id, self, self._make_instance, None,
+                                             min_drain_s=cluster.workers.min_drain_s)
         self.commands = CommandBook()
         self.fence = EpochFence()  # the newest reconciler epoch seen: older commands are refused
         self.pd = PrefillDecodeFlow(self)
@@ -281,9 +282,10 @@ class WorkerService(Service):
             stepped.park()
         self._engine_loop.remove(inst.instance_id)
 
-    async def drain(self, inst: ModelInstance, timeout_s: float) -> dict[str, float]:
+    async def drain(self, inst: ModelInstance, min_drain_s: float) -> dict[str, float]:
         """Not ready in the registry already. Hand back what has no first token yet, let the rest finish (and the
-        P/D reservations be handed over), fail what is still there at the deadline."""
+        P/D reservations be handed over), fail what is still there at the deadline (`drain_deadline_unix_ms`: a
+        streaming request runs until its client would have stopped waiting; reservations get `min_drain_s`)."""
         started = time.monotonic()
         decision = drain_decision({rid: t.first_token_unix_ms is not None for rid, t in inst.in_flight.items()})
         for rid in decision.hand_back_ids:
@@ -294,7 +296,11 @@ class WorkerService(Service):
                 inst.engine.abort(rid)
             await self._hand_back(track)
         self.wake_engines()
-        deadline = started + timeout_s
+        now_unix_ms = self.now_unix_ms()
+        deadline_unix_ms = drain_deadline_unix_ms(now_unix_ms, (t.started_unix_ms for t in inst.in_flight.values()),
+                                                  request_timeout_s=self.cluster.gateway.request_timeout_s,
+                                                  min_drain_s=min_drain_s)
+        deadline = time.monotonic() + (deadline_unix_ms - now_unix_ms) / 1e3
         while (inst.in_flight or inst.reservations) and time.monotonic() < deadline:
             if inst.resume_requested.is_set():  # wanted again: what runs keeps running, nothing is failed
                 return {"drain_ms": (time.monotonic() - started) * 1e3}

@@ -30,7 +30,7 @@ class RecordingHost:
     async def refresh_record(self, inst) -> None:
         self.calls.append(("refresh", inst.instance_id))
 
-    async def drain(self, inst, timeout_s: float) -> dict[str, float]:
+    async def drain(self, inst, min_drain_s: float) -> dict[str, float]:
         self.calls.append(("drain", inst.instance_id))
         return {"drain_ms": 0.0}
 

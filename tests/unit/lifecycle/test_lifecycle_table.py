@@ -12,6 +12,7 @@ from worker.core.lifecycle import (
     IllegalTransitionError,
     InstanceLifecycle,
     Step,
+    drain_deadline_unix_ms,
     drain_decision,
     route,
 )
@@ -119,3 +120,17 @@ def test_drain_hands_back_what_has_no_first_token_and_finishes_the_rest():
     decision = drain_decision({"a": False, "b": True, "c": False})
     assert decision.hand_back_ids == ("a", "c") and decision.finish_ids == ("b",)
     assert drain_decision({}).hand_back_ids == ()
+
+
+def test_a_drain_waits_for_a_stream_until_its_client_would_stop_waiting():
+    now_ms = 1_000_000.0
+    # a stream that started 10 s ago, with the gateway's 300 s: 290 s more, far past the 30 s of reservations
+    assert drain_deadline_unix_ms(now_ms, [now_ms - 10_000], request_timeout_s=300, min_drain_s=30) == \
+        now_ms + 290_000
+    # the latest client decides; one whose client gave up long ago does not shorten it
+    assert drain_deadline_unix_ms(now_ms, [now_ms - 400_000, now_ms - 1_000], request_timeout_s=300,
+                                  min_drain_s=30) == now_ms + 299_000
+    # nothing streaming (reservations only), or streams whose clients gave up: the minimum
+    assert drain_deadline_unix_ms(now_ms, [], request_timeout_s=300, min_drain_s=30) == now_ms + 30_000
+    assert drain_deadline_unix_ms(now_ms, [now_ms - 290_000], request_timeout_s=300, min_drain_s=30) == \
+        now_ms + 30_000
