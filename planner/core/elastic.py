@@ -75,6 +75,23 @@ def decode_floor(kv: DecodeKV, fill_target: float) -> int:
     return math.ceil(demand_blocks / (per_instance * fill_target) - 1e-9)
 
 
+def keep_split(before: PD, after: PD, band_frac: float) -> PD:
+    """`after`'s count with `before`'s decode instances kept while `after` would move fewer than `band_frac` of its
+    instances from decode to prefill. A 5 s window's prompt and answer lengths, and the decode floor read off the
+    heartbeats, move the split by an instance or more from one plan to the next. A move towards decode costs little
+    (a prefill instance drains at once, a draining decode instance resumes); a move towards prefill drains decode
+    instances, and each holds its devices until its longest answer ends (minutes for a long-answer model) while the
+    new prefill instances take other devices. Kept only when both are disaggregated and the count does not shrink:
+    a shrink takes its own split (`shrink_prefill_first` under a short budget)."""
+    if band_frac <= 0 or before[1] == 0 or after[1] == 0 or num_devices(after) < num_devices(before):
+        return after
+    total = num_devices(after)
+    num_prefill = min(max(before[0], 1), total - 1)
+    if after[0] <= num_prefill or after[0] - num_prefill >= band_frac * total:
+        return after
+    return (num_prefill, total - num_prefill)
+
+
 def shrink_prefill_first(before: PD, after: PD) -> PD:
     """`after`'s count of instances, taking this plan's shrink from `before` out of its prefill instances first: the
     decode instances `after` would drop for the shrink are kept (never more than before, at least one prefill
@@ -282,6 +299,9 @@ class ElasticScaler:
         if is_scaled_down and p.is_budget_shrink_prefill_first:
             raw = {m: with_decode_floor(shrink_prefill_first(self._applied.get(m, (0, 0)), pd), kv_floors.get(m, 0))
                    if allotted[m] < desired[m] else pd for m, pd in raw.items()}
+        if p.pd_split_band_frac > 0:
+            raw = {m: with_decode_floor(keep_split(self._applied.get(m, (0, 0)), pd, p.pd_split_band_frac),
+                                        kv_floors.get(m, 0)) for m, pd in raw.items()}
 
         notes: list[str] = []
         held: set[str] = set()
