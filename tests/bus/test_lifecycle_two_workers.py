@@ -28,11 +28,19 @@ from contracts import (
     RunAssignment,
     SubmitAck,
     TokenChunk,
-    WorkerHeartbeat,
     subjects,
 )
 from runtime.bus import BusError
-from tests.bus.worker_procs import MODEL, Observer, command, make_request, run_on, running_workers
+from tests.bus.worker_procs import (
+    MODEL,
+    Observer,
+    command,
+    make_request,
+    read_replicas,
+    run_on,
+    running_workers,
+    whole_and_split,
+)
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow  # two worker processes start (torch, engines): ~10-20 s on a shared 2-core box
@@ -77,36 +85,6 @@ async def _ensure_active(bus, obs, worker_id: str, instance_id: str) -> None:
     assert reply.ok and reply.state == ModelState.ACTIVE, reply
 
 
-async def _read_weights(bus_transfer, hb: WorkerHeartbeat, instance_id: str) -> torch.Tensor:
-    """Read an instance's weight segments out of its worker's device pool through Mooncake, into one buffer."""
-    status = next(s for s in hb.instances if s.instance_id == instance_id)
-    total = sum(s.num_bytes for s in status.weight_segments)
-    out = torch.zeros(total, dtype=torch.uint8)
-    offsets, local = [], []
-    pos = 0
-    for seg in status.weight_segments:
-        local.append(out.data_ptr() + pos)
-        offsets.append(seg.global_offset_bytes)
-        pos += seg.num_bytes
-    await asyncio.to_thread(bus_transfer.read, hb.transfer_session, local, offsets,
-                            [s.num_bytes for s in status.weight_segments])
-    return out
-
-
-async def _read_replicas(settings, *replicas: tuple[WorkerHeartbeat, str]) -> list[torch.Tensor]:
-    """The weights of each (heartbeat, instance) replica, read through a transfer engine of this process that
-    listens as `settings` say (None: this machine only)."""
-    from worker.dataplane.transfer import MooncakeTransfer
-
-    reader = MooncakeTransfer.start(settings)
-    scratch = torch.zeros(1, dtype=torch.uint8)
-    reader.register(scratch.data_ptr(), 1)  # an engine that registered nothing cannot read
-    try:
-        return [await _read_weights(reader, hb, instance) for hb, instance in replicas]
-    finally:
-        reader.close()
-
-
 async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
@@ -137,7 +115,7 @@ async def test_fork_gives_bit_identical_weights_and_identical_greedy_output(clus
     # bit-identical: read both replicas' weight pages out of the two worker processes
     hb_a = await obs.heartbeat_after(A, time.time() * 1e3)
     hb_b = await obs.heartbeat_after(B, time.time() * 1e3)
-    weights_a, weights_b = await _read_replicas(None, (hb_a, INST_A), (hb_b, INST_B))
+    weights_a, weights_b = await read_replicas(None, (hb_a, INST_A), (hb_b, INST_B))
     assert weights_a.numel() > 0 and torch.equal(weights_a, weights_b)
     assert [s.checksum for s in next(i for i in hb_b.instances if i.instance_id == INST_B).weight_segments]
 
@@ -152,20 +130,6 @@ async def _assert_same_greedy_output(bus, obs, one: tuple[str, str], other: tupl
         await run_on(bus, worker, instance, req)
     tokens = [(await obs.result(req.request_id))[0] for req in requests]
     assert len(tokens[0]) == max_tokens and tokens[0] == tokens[1]
-
-
-def _unresolved(decode: tuple[str, str]) -> KVTarget:
-    """What a dispatcher sends with a prefill: the decode instance, no session or offsets yet (its worker fills
-    them in when the prefill worker asks it to reserve)."""
-    return KVTarget(decode_worker_id=decode[0], decode_instance_id=decode[1], transfer_session="",
-                    block_offsets_bytes=(), block_num_bytes=1)
-
-
-async def _whole_and_split(bus, obs, prefill, decode, prompt, **kw):
-    whole, split = make_request(prompt, **kw), make_request(prompt, **kw)
-    await run_on(bus, prefill[0], prefill[1], whole)
-    await run_on(bus, prefill[0], prefill[1], split, phase="prefill", kv_target=_unresolved(decode))
-    return (await obs.result(whole.request_id)), (await obs.result(split.request_id)), whole, split
 
 
 def _text(obs, request_id: str) -> str:
@@ -183,7 +147,7 @@ async def test_pd_request_yields_exactly_the_tokens_of_one_instance(cluster, pre
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, *prefill)
     await _ensure_active(bus, obs, *decode)
-    (tokens_whole, end_whole), (tokens_split, end_split), whole, split = await _whole_and_split(
+    (tokens_whole, end_whole), (tokens_split, end_split), whole, split = await whole_and_split(
         bus, obs, prefill, decode, prompt, max_tokens=max_tokens)
     assert isinstance(end_split, RequestDone), end_split
     assert tokens_split == tokens_whole and len(tokens_split) == max_tokens
@@ -217,7 +181,7 @@ async def test_pd_seeded_sampling_continues_the_same_random_stream(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
     await _ensure_active(bus, obs, B, INST_B)
-    (tokens_whole, _), (tokens_split, _), _, _ = await _whole_and_split(
+    (tokens_whole, _), (tokens_split, _), _, _ = await whole_and_split(
         bus, obs, (A, INST_A), (B, INST_B), [11, 12], max_tokens=24, temperature=1.0, seed=7)
     assert tokens_split == tokens_whole
 
@@ -229,7 +193,7 @@ async def test_pd_streams_are_resent_whole_by_the_prefill_worker(cluster):
     bus, obs, _ = cluster
     await _ensure_active(bus, obs, A, INST_A)
     await _ensure_active(bus, obs, B, INST_B)
-    _, (tokens, end), _, split = await _whole_and_split(bus, obs, (A, INST_A), (B, INST_B), [21, 22, 23],
+    _, (tokens, end), _, split = await whole_and_split(bus, obs, (A, INST_A), (B, INST_B), [21, 22, 23],
                                                         max_tokens=9)
     streamed = sorted(obs.streams[split.request_id], key=lambda e: e.seq)
     assert isinstance(end, RequestDone) and [e.worker_id for e in streamed[:2]] == [A, B]

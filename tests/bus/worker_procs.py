@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from contracts import (
     STREAM_EVENT,
     GenerateRequest,
+    KVTarget,
     HealthReply,
     LifecycleAction,
     LifecycleCommand,
@@ -108,6 +111,52 @@ def start_worker(worker_id: str, config: Path, state: Path, nats_url: str, log: 
     return subprocess.Popen([str(janus), "serve", "worker", "--nats", nats_url, "--config", str(config),
                              "--id", worker_id, "--state-dir", str(state)], env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
+
+
+async def _read_weights(bus_transfer, hb: WorkerHeartbeat, instance_id: str) -> torch.Tensor:
+    """Read an instance's weight segments out of its worker's device pool through Mooncake, into one buffer."""
+    status = next(s for s in hb.instances if s.instance_id == instance_id)
+    total = sum(s.num_bytes for s in status.weight_segments)
+    out = torch.zeros(total, dtype=torch.uint8)
+    offsets, local = [], []
+    pos = 0
+    for seg in status.weight_segments:
+        local.append(out.data_ptr() + pos)
+        offsets.append(seg.global_offset_bytes)
+        pos += seg.num_bytes
+    await asyncio.to_thread(bus_transfer.read, hb.transfer_session, local, offsets,
+                            [s.num_bytes for s in status.weight_segments])
+    return out
+
+
+async def read_replicas(settings, *replicas: tuple[WorkerHeartbeat, str]) -> list[torch.Tensor]:
+    """The weights of each (heartbeat, instance) replica, read through a transfer engine of this process that
+    listens as `settings` say (None: this machine only)."""
+    from worker.dataplane.transfer import MooncakeTransfer
+
+    reader = MooncakeTransfer.start(settings)
+    scratch = torch.zeros(1, dtype=torch.uint8)
+    reader.register(scratch.data_ptr(), 1)  # an engine that registered nothing cannot read
+    try:
+        return [await _read_weights(reader, hb, instance) for hb, instance in replicas]
+    finally:
+        reader.close()
+
+
+def _unresolved(decode: tuple[str, str]) -> KVTarget:
+    """What a dispatcher sends with a prefill: the decode instance, no session or offsets yet (its worker fills
+    them in when the prefill worker asks it to reserve)."""
+    return KVTarget(decode_worker_id=decode[0], decode_instance_id=decode[1], transfer_session="",
+                    block_offsets_bytes=(), block_num_bytes=1)
+
+
+async def whole_and_split(bus, obs, prefill, decode, prompt, **kw):
+    """The same request twice on `prefill` ((worker, instance)): whole there, and split with its decode on `decode`;
+    returns ((tokens, end) of each, then the two requests)."""
+    whole, split = make_request(prompt, **kw), make_request(prompt, **kw)
+    await run_on(bus, prefill[0], prefill[1], whole)
+    await run_on(bus, prefill[0], prefill[1], split, phase="prefill", kv_target=_unresolved(decode))
+    return (await obs.result(whole.request_id)), (await obs.result(split.request_id)), whole, split
 
 
 @contextlib.asynccontextmanager

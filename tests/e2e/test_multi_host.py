@@ -29,7 +29,6 @@ from contracts import (
     HealthReply,
     LifecycleAction,
     ModelState,
-    PrefillDone,
     RequestDone,
     RunAssignment,
     WorkerHeartbeat,
@@ -38,13 +37,7 @@ from contracts import (
 from runtime.bus import Bus, BusError
 from runtime.client import Outcome, stream_completion, summarise
 from runtime.nats_server import find_nats_server
-from tests.bus.test_lifecycle_two_workers import (
-    MODEL,
-    Observer,
-    _command,
-    _read_replicas,
-    _whole_and_split,
-)
+from tests.bus.worker_procs import MODEL, Observer, command, read_replicas, whole_and_split
 
 from . import netns
 from .faults import LONG, report
@@ -163,7 +156,7 @@ async def hosts(tmp_path_factory, demo_models_dir):
 
 
 async def _ensure_active(hosts: Hosts, worker: str, instance: str) -> None:
-    reply = await _command(hosts.bus, worker, instance, LifecycleAction.ACTIVATE)
+    reply = await command(hosts.bus, worker, instance, LifecycleAction.ACTIVATE)
     assert reply.ok and reply.state == ModelState.ACTIVE, reply
 
 
@@ -200,7 +193,7 @@ async def test_fork_and_pd_hand_over_cross_hosts_bit_identical(hosts):
     fork = ForkSource(worker_id=A, instance_id=INST_A, transfer_session=hb_a.transfer_session,
                       segments=source.weight_segments)
     started = time.perf_counter()
-    reply = await _command(bus, B, INST_B, LifecycleAction.FORK_FROM, fork_source=fork)
+    reply = await command(bus, B, INST_B, LifecycleAction.FORK_FROM, fork_source=fork)
     fork_s = time.perf_counter() - started
     assert reply.ok and reply.state == ModelState.ACTIVE and "pulled" in reply.detail, reply
     num_weight_bytes = sum(s.num_bytes for s in source.weight_segments)
@@ -215,7 +208,7 @@ async def test_fork_and_pd_hand_over_cross_hosts_bit_identical(hosts):
     assert hb_b.transfer_session.startswith(f"{hosts.b.address}:"), hb_b.transfer_session
     reader = transfer_settings(hosts.node_of(hosts.a).url)
     assert reader.host == hosts.net.gateway_address  # the root namespace's side of the bridge
-    weights_a, weights_b = await _read_replicas(reader, (hb_a, INST_A), (hb_b, INST_B))
+    weights_a, weights_b = await read_replicas(reader, (hb_a, INST_A), (hb_b, INST_B))
     segments_b = next(i for i in hb_b.instances if i.instance_id == INST_B).weight_segments
     advertised = [s.checksum for s in source.weight_segments]
     assert _segment_checksums(weights_b, segments_b) == advertised == _segment_checksums(weights_a, segments_b)
@@ -225,7 +218,7 @@ async def test_fork_and_pd_hand_over_cross_hosts_bit_identical(hosts):
     # instance doing it all (greedy), and the hand-over really happened (B ended it, A sent the notice)
     prompt = [(7 * i + 3) % 250 for i in range(200)]  # 13 KV blocks of 16 tokens
     num_runs = len(hosts.runs_on_b)
-    (tokens_whole, _), (tokens_split, end_split), _, split = await _whole_and_split(
+    (tokens_whole, _), (tokens_split, end_split), _, split = await whole_and_split(
         bus, obs, (A, INST_A), (B, INST_B), prompt, max_tokens=24)
     assert isinstance(end_split, RequestDone) and end_split.instance_id == INST_B, end_split
     assert tokens_split == tokens_whole and len(tokens_split) == 24
