@@ -114,10 +114,10 @@ class ElasticPolicy(_Policy):
         "the sequences in flight at its decode instances fill to this fraction of their KV (their heartbeats' "
         "blocks used, plus a running sequence's average per waiting one); None: no such floor"
     )
-    # Off (0) until measured on the headline's nine runs: on seed 2, app-01 (a 2-device decode group, 50-55 sequences
-    # each with thousands of tokens to go) swung its split every few seconds: prefill instances drained while draining
-    # decode instances resumed, then the reverse, and each decode drain held its devices for minutes (docs/bench/
-    # sim.md run 61).
+    # Off (0). On seed 2, app-01 (a 2-device decode group, 50-55 sequences each with thousands of tokens to go) swung
+    # its split every few seconds, and each decode drain held its devices for minutes; but at 0.2 (refits 2.0 s) the
+    # kept decode instances cost 3.6 % more device-hours and app-52 fell from 0.805 to 0.740 (docs/bench/sim.md run
+    # 61).
     pd_split_band_frac: float = Field(
         default=0.0, ge=0, lt=1, description="a disaggregated model keeps its decode instances while the new split "
         "would move fewer than this fraction of its instances from decode to prefill (and its count does not "
