@@ -115,9 +115,9 @@ class ElasticPolicy(_Policy):
         "blocks used, plus a running sequence's average per waiting one); None: no such floor"
     )
     # Off (0). On seed 2, app-01 (a 2-device decode group, 50-55 sequences each with thousands of tokens to go) swung
-    # its split every few seconds, and each decode drain held its devices for minutes; but at 0.2 (refits 2.0 s) the
-    # kept decode instances cost 3.6 % more device-hours and app-52 fell from 0.805 to 0.740 (docs/bench/sim.md run
-    # 61).
+    # its split every few seconds, and each decode drain held its devices for minutes; but at 0.2 the kept decode
+    # instances cost 3.3-3.6 % more device-hours, and app-52 went 0.805 -> 0.740 at refits of 2.0 s, 0.852 -> 0.901 at
+    # 2.5 s (docs/bench/sim.md run 61).
     pd_split_band_frac: float = Field(
         default=0.0, ge=0, lt=1, description="a disaggregated model keeps its decode instances while the new split "
         "would move fewer than this fraction of its instances from decode to prefill (and its count does not "
