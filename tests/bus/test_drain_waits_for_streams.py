@@ -2,8 +2,8 @@
 nats-server and a real worker process whose drain minimum (`workers.min_drain_s`) is far shorter than the stream.
 
 Until the drain deadline followed the request, a fixed 30 s cut streams that ran longer: on a slow host, 4 of 8 streams
-on an instance the steady planner consolidated away ended in `instance_failed` (docs/lifecycle.md, "Leaving Active:
-drain first")."""
+on an instance a plan took away ended in `instance_failed` (docs/reliability.md, "a drain deadline shorter than the
+streams")."""
 from __future__ import annotations
 
 import pytest

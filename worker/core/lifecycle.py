@@ -186,7 +186,7 @@ def drain_deadline_unix_ms(now_unix_ms: float, started_unix_ms: Iterable[float],
     cut it; the simulator's drains, which finish everything they hold, follow the same rule. What has no start of its
     own here (P/D reservations) gets `min_drain_s`.
 
-    Until 2026-12, a fixed 30 s: on a slow host, 4 of 8 streams of 4,000 tokens on an instance the steady planner
-    consolidated away ended in `instance_failed` (docs/lifecycle.md, "Leaving Active: drain first")."""
+    Until 2026-12, a fixed 30 s: on a slow host, 4 of 8 streams of 4,000 tokens on an instance a plan took away
+    ended in `instance_failed` (docs/reliability.md, "a drain deadline shorter than the streams")."""
     client_gives_up = (started + request_timeout_s * 1e3 for started in started_unix_ms)
     return max([now_unix_ms + min_drain_s * 1e3, *client_gives_up])
