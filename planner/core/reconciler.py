@@ -113,6 +113,8 @@ class Reconciler:
         op = next((o for o in self._ops.values() if o.command_id == reply.command_id), None)
         if op is None or op.phase == "backoff":
             return  # an answer to a command since replaced (a resumed drain, a cancelled retry)
+        if self._is_drain_going_on(now_ms, op, reply):
+            return  # still draining: done when its heartbeat no longer lists it (`_complete`)
         if not reply.ok:
             why = reply.detail or (reply.error.message if reply.error else "the worker refused")
             self._fail(now_ms, op, "failed", why, reply.error, out)
@@ -122,6 +124,17 @@ class Reconciler:
             out.actions.append(op.action_event("succeeded", now_ms, f"now {reply.state.value}"))
             self._released_ms[op.instance_id] = now_ms
             del self._ops[op.instance_id]
+
+    def _is_drain_going_on(self, now_ms: float, op: Op, reply: LifecycleReply) -> bool:
+        """A removal not finished within the command deadline because the instance still drains: the worker's
+        answer says DRAINING, or (when the bus's own deadline answered first) its heartbeats do. A drain may rightly
+        outlast the deadline: a streaming request runs until its client would stop waiting (docs/lifecycle.md,
+        "Leaving Active: drain first"). Sending the removal again would only queue behind the drain, and three such
+        tries used to end in a reported failure and a cooldown on a removal that was going well."""
+        if op.is_up or reply.ok or reply.error is None or reply.error.code != ErrorCode.TIMEOUT:
+            return False
+        return (reply.state == ModelState.DRAINING
+                or op.instance_id in self.view.draining(self.view.alive_workers(now_ms)))
 
     def on_tick(self, now_ms: float, *, expected_period_ms: float | None = None,
                 is_listening: bool = True) -> ReconcileEffects:
@@ -163,10 +176,10 @@ class Reconciler:
             out.actions[:0], self._observed = self._observed.actions, EffectsBuilder()
         alive = self.view.alive_workers(now_ms)
         self._fix_registry(now_ms, alive, out)
+        resident = self.view.resident(alive)
+        self._complete(now_ms, alive, resident, out)  # first: a command that is done has not timed out
         self._expire(now_ms, alive, out)
         desired, blocked, no_room = self._desired(now_ms, alive)
-        resident = self.view.resident(alive)
-        self._complete(now_ms, alive, resident, out)
         self._cancel_unwanted_retries(now_ms, desired, out)
         rooms = self._issue_removals(now_ms, alive, desired, resident, no_room, out)
         self._issue_ups(now_ms, alive, desired, resident, rooms, blocked, out)
@@ -220,7 +233,10 @@ class Reconciler:
 
     def _expire(self, now_ms: float, alive: set[str], out: EffectsBuilder) -> None:
         p = self.policy
+        draining = self.view.draining(alive)
         for op in list(self._ops.values()):
+            if not op.is_up and op.instance_id in draining:
+                continue  # a removal under way: the worker's drain deadline bounds it (docs/lifecycle.md)
             if op.phase == "sent" and now_ms - op.issued_ms > p.command_deadline_ms:
                 self._fail(now_ms, op, "timed_out", f"no reply within {p.command_deadline_ms:.0f} ms", None, out)
             elif op.phase == "acked" and now_ms - (op.acked_ms or now_ms) > p.ready_grace_ms:
@@ -470,3 +486,4 @@ class Reconciler:
                 n = sum(1 for s in desired.values() if s.pool == pool)
                 out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="done", unix_ms=now_ms,
                                                     detail=f"{n} instance(s) ready"))
+

@@ -1,15 +1,19 @@
 """The reconciler core: plans -> lifecycle commands, completion only when ready, retries and reports, ordering."""
 from __future__ import annotations
 
+import pytest
 from planner_test_workers import ScriptedWorkers
 
 from contracts import (
     BinAssignment,
     ElasticPlan,
     ElasticTarget,
+    ErrorCode,
+    ErrorInfo,
     HostCopy,
     InstanceRole,
     LifecycleAction,
+    LifecycleReply,
     ModelState,
     NeedVector,
     Pool,
@@ -369,3 +373,53 @@ def test_an_instance_the_worker_already_runs_fills_the_slot_under_its_own_id():
     rec.on_record(0.0, workers.record("w0/a", 0.0))
     eff = rec.on_steady_plan(0.0, steady("s1", {"w0": ("a",)}))
     assert eff.commands == () and statuses([eff]) == [("s1", "done")]
+
+
+def _drain_past_the_deadline(draining: bool, answer_state: ModelState = ModelState.DRAINING):
+    """Scale m from 2 to 1; the worker takes the removal and (when `draining`) reports the instance DRAINING on every
+    heartbeat, past the command deadline (5 s here); the command's deadline is answered with a timeout in
+    `answer_state` (the worker's own answer says DRAINING; the bus's, when it comes first, says FAILED)."""
+    rec, workers = boot(["w0", "w1"])
+    converge(rec, workers, rec.on_elastic_plan(0.0, elastic("e1", {"m": (2, 0)})).commands, 10.0)
+    heartbeats(rec, workers, 20.0)
+    (removal,) = rec.on_elastic_plan(500.0, elastic("e2", {"m": (1, 0)})).commands
+    status = workers.instances[removal.worker_id][removal.instance_id]
+    if draining:
+        workers.instances[removal.worker_id][removal.instance_id] = status.model_copy(
+            update={"state": ModelState.DRAINING})
+    out = []
+    for t in range(1_000, 12_000, 1_000):
+        heartbeats(rec, workers, float(t))
+        out.append(rec.on_tick(t + 10.0))
+        if t == 5_000:
+            reply = LifecycleReply(
+                command_id=removal.command_id, instance_id=removal.instance_id, ok=False,
+                state=answer_state if draining else ModelState.ACTIVE, detail="not done within 5000 ms",
+                error=ErrorInfo(code=ErrorCode.TIMEOUT, message="not done within 5000 ms; still running",
+                                retryable=True))
+            out.append(rec.on_reply(t + 20.0, reply))
+    return rec, workers, removal, out
+
+
+@pytest.mark.parametrize("answer_state", [ModelState.DRAINING, ModelState.FAILED], ids=["worker", "bus"])
+def test_a_drain_that_outlasts_the_command_deadline_is_waited_for_not_retried(answer_state):
+    rec, workers, removal, out = _drain_past_the_deadline(draining=True, answer_state=answer_state)
+    assert actions(out) == [], "neither timed out nor retried while the worker reports it draining"
+    assert [c for e in out for c in e.commands] == []
+    assert not rec.is_done("e2")
+    workers.instances[removal.worker_id][removal.instance_id] = workers.instances[removal.worker_id][
+        removal.instance_id].model_copy(update={"state": ModelState.WARM})  # the drain ends
+    heartbeats(rec, workers, 60_000.0)
+    eff = rec.on_tick(60_010.0)
+    assert actions([eff]) == [(removal.instance_id, "succeeded")]
+    assert statuses([eff]) == [("e2", "done")]
+    # no cooldown was left behind: the model may come back on that worker at once
+    (up,) = rec.on_elastic_plan(60_100.0, elastic("e3", {"m": (2, 0)})).commands
+    assert up.worker_id == removal.worker_id
+
+
+def test_a_removal_the_worker_does_not_report_draining_still_times_out():
+    rec, workers, removal, out = _drain_past_the_deadline(draining=False)
+    assert ("timed_out" in {s for _, s in actions(out)} or "retrying" in {s for _, s in actions(out)})
+    retries = [c for e in out for c in e.commands]
+    assert retries and all(c.instance_id == removal.instance_id for c in retries)
