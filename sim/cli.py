@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from .provenance import code_provenance, describe
-from .runner import EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, run_many
+from .runner import DEFAULT_ORACLE, EXTRA_SYSTEM_NAMES, SYSTEM_NAMES, ScenarioSpec, run_many
 
 
 def _seconds(text: str) -> float:
@@ -37,11 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-effects", choices=["off", "on"], default="off",
                    help="on: the simulated devices do what a roofline leaves out (interference, mixed steps, small "
                    "batches, jitter, fork sources: sim/device_effects.py); off: they run the roofline itself")
-    p.add_argument("--oracle", choices=["clairvoyant", "learned", "roofline"], default="clairvoyant",
-                   help="what the Janus systems (janus, its ablations) ask: the cost model's own roofline, GPs fitted "
-                   "on profiles of the simulated device (as a deployment learns; profiled once, cached under "
-                   "artifacts/sim-oracle), or the untrained datasheet roofline (janus-learned, janus-clairvoyant and "
-                   "janus-roofline keep theirs)")
+    p.add_argument("--oracle", choices=["learned", "clairvoyant", "roofline"], default=DEFAULT_ORACLE,
+                   help="what the Janus systems (janus, its ablations) ask: GPs fitted on profiles of the simulated "
+                   "device (the default, as a deployment learns; profiled once, cached under artifacts/sim-oracle), "
+                   "the cost model's own roofline, or the untrained datasheet roofline (janus-learned, "
+                   "janus-clairvoyant and janus-roofline keep theirs)")
     p.add_argument("--refit-wall-s", type=_seconds, default=None,
                    help="learned oracle: every online refit serves this many seconds after it starts (default: the "
                         "fit's measured wall time, as live; a number makes two runs of the same code the same run)")

@@ -97,12 +97,14 @@ def test_three_oracles_side_by_side_and_a_clear_error_for_another():
     assert {"janus-learned", "janus-clairvoyant", "janus-roofline"} <= set(EXTRA_SYSTEM_NAMES)
     names = ("janus", "elastic-only", "steady-only", "janus-learned", "janus-clairvoyant", "janus-roofline")
     fixed = {"janus-learned": "learned", "janus-clairvoyant": "clairvoyant", "janus-roofline": "roofline"}
-    kinds = {name: _systems()[name]().oracle_kind for name in names}
-    assert kinds == {"janus": "clairvoyant", "elastic-only": "clairvoyant", "steady-only": "clairvoyant", **fixed}
-    asked = {name: _systems(oracle="learned")[name]().oracle_kind for name in names}  # `janus sim --oracle learned`
-    assert asked == {"janus": "learned", "elastic-only": "learned", "steady-only": "learned", **fixed}
-    assert uses_learned_oracle("janus-learned") and uses_learned_oracle("janus", "learned")
-    assert not uses_learned_oracle("janus") and not uses_learned_oracle("static", "learned")
+    kinds = {name: _systems()[name]().oracle_kind for name in names}  # `janus sim`: the learned one by default
+    assert kinds == {"janus": "learned", "elastic-only": "learned", "steady-only": "learned", **fixed}
+    asked = {name: _systems(oracle="clairvoyant")[name]().oracle_kind  # `janus sim --oracle clairvoyant`
+             for name in names}
+    assert asked == {"janus": "clairvoyant", "elastic-only": "clairvoyant", "steady-only": "clairvoyant", **fixed}
+    assert uses_learned_oracle("janus-learned") and uses_learned_oracle("janus")
+    assert uses_learned_oracle("janus-learned", "clairvoyant")
+    assert not uses_learned_oracle("janus", "clairvoyant") and not uses_learned_oracle("static")
     with pytest.raises(ValueError, match="unknown oracle"):
         JanusControl("both", oracle="psychic")
 
