@@ -486,4 +486,3 @@ class Reconciler:
                 n = sum(1 for s in desired.values() if s.pool == pool)
                 out.plan_statuses.append(PlanStatus(plan_id=plan.plan_id, kind=kind, status="done", unix_ms=now_ms,
                                                     detail=f"{n} instance(s) ready"))
-

@@ -375,6 +375,12 @@ def test_an_instance_the_worker_already_runs_fills_the_slot_under_its_own_id():
     assert eff.commands == () and statuses([eff]) == [("s1", "done")]
 
 
+def _set_state(workers: ScriptedWorkers, cmd, state: ModelState) -> None:
+    """What the worker's next heartbeat reports for the instance `cmd` names."""
+    insts = workers.instances[cmd.worker_id]
+    insts[cmd.instance_id] = insts[cmd.instance_id].model_copy(update={"state": state})
+
+
 def _drain_past_the_deadline(draining: bool, answer_state: ModelState = ModelState.DRAINING):
     """Scale m from 2 to 1; the worker takes the removal and (when `draining`) reports the instance DRAINING on every
     heartbeat, past the command deadline (5 s here); the command's deadline is answered with a timeout in
@@ -383,10 +389,8 @@ def _drain_past_the_deadline(draining: bool, answer_state: ModelState = ModelSta
     converge(rec, workers, rec.on_elastic_plan(0.0, elastic("e1", {"m": (2, 0)})).commands, 10.0)
     heartbeats(rec, workers, 20.0)
     (removal,) = rec.on_elastic_plan(500.0, elastic("e2", {"m": (1, 0)})).commands
-    status = workers.instances[removal.worker_id][removal.instance_id]
     if draining:
-        workers.instances[removal.worker_id][removal.instance_id] = status.model_copy(
-            update={"state": ModelState.DRAINING})
+        _set_state(workers, removal, ModelState.DRAINING)
     out = []
     for t in range(1_000, 12_000, 1_000):
         heartbeats(rec, workers, float(t))
@@ -407,8 +411,7 @@ def test_a_drain_that_outlasts_the_command_deadline_is_waited_for_not_retried(an
     assert actions(out) == [], "neither timed out nor retried while the worker reports it draining"
     assert [c for e in out for c in e.commands] == []
     assert not rec.is_done("e2")
-    workers.instances[removal.worker_id][removal.instance_id] = workers.instances[removal.worker_id][
-        removal.instance_id].model_copy(update={"state": ModelState.WARM})  # the drain ends
+    _set_state(workers, removal, ModelState.WARM)  # the drain ends
     heartbeats(rec, workers, 60_000.0)
     eff = rec.on_tick(60_010.0)
     assert actions([eff]) == [(removal.instance_id, "succeeded")]
