@@ -79,7 +79,8 @@ class ReconcilerService(Elected, Service):
                 # what the old term's core waits for may never come: the next term starts from a fresh core, a
                 # fresh registry snapshot and the plans in PLANS, as a restart does
                 self.core = Reconciler(self.policy.reconciler)
-                await self._watch_from_snapshot()
+                if not self._stopping:  # stop() ends the campaign after stopping the watch: none is started again
+                    await self._watch_from_snapshot()
                 return
         await self._resume_plans()
 
